@@ -1,0 +1,5 @@
+//! The serving core: `Sequence`, the paged KV `BlockPool` with prefix caching and
+//! copy-on-write forks, `SamplingParams` and the `Sampler`, and the engine loop.
+
+pub mod block_pool;
+pub mod sampling;

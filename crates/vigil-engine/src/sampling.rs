@@ -1,0 +1,1 @@
+//! Sampling: `SamplingParams` and the `Sampler` (filled in by the engine-pieces work).

@@ -1,0 +1,13 @@
+//! Numeric kernels behind Vigil's model: quantized block formats, matmul for every weight
+//! format, paged attention, norms and activations, and the persistent worker pool.
+//!
+//! Every kernel has a portable scalar path; the AVX2+FMA+F16C path is chosen at runtime
+//! (`cpu::features()`) and tested against the scalar one.
+
+pub mod cpu;
+pub mod dtype;
+pub mod quant;
+pub mod storage;
+
+pub use dtype::DType;
+pub use storage::{QMatrix, WeightData};

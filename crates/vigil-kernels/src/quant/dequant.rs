@@ -1,0 +1,1 @@
+//! Block → f32 dequantization for every supported format (filled in by the formats work).

@@ -1,0 +1,10 @@
+//! Quantized block formats (GGML layouts) and the per-format trait that ties a weight block to
+//! its dequantizer and to the activation block its dot product pairs with.
+//!
+//! - `blocks`: the `#[repr(C)]` structs, byte-compatible with GGUF tensor data.
+//! - `dequant`: block → f32, bit-exact with the reference (`gguf` Python package / ggml).
+
+pub mod blocks;
+pub mod dequant;
+
+pub use blocks::*;

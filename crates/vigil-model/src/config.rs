@@ -1,0 +1,118 @@
+//! The decoder's hyper-parameters. Llama, Qwen3 and Qwen3-MoE are one decoder; what differs
+//! between them is data here (per-head q/k norms, routed experts, RoPE style and scaling).
+
+/// The architecture family, as named by HF `model_type` / GGUF `general.architecture`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Qwen3,
+    Qwen3Moe,
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)`: GGUF Llama, whose converter permuted the Q/K rows.
+    Interleaved,
+    /// Halves `(i, i + d/2)`: HF checkpoints (`rotate_half`) and GGUF Qwen.
+    Neox,
+}
+
+/// Llama 3.x frequency scaling (`rope_scaling.rope_type == "llama3"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3RopeScaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_max_position_embeddings: usize,
+}
+
+/// Routed experts of a Qwen3-MoE layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub moe_intermediate_size: usize,
+    /// Renormalize the top-k routing weights to sum to 1.
+    pub norm_topk_prob: bool,
+    /// Layer `i` is sparse when `(i + 1) % decoder_sparse_step == 0` and `i` is not in `mlp_only_layers`.
+    pub decoder_sparse_step: usize,
+    pub mlp_only_layers: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    /// Dense MLP width (unused by sparse layers).
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_style: RopeStyle,
+    pub rope_scaling: Option<Llama3RopeScaling>,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+    pub moe: Option<MoeConfig>,
+}
+
+impl ModelConfig {
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Whether layer `i` routes through experts.
+    pub fn is_sparse_layer(&self, i: usize) -> bool {
+        match &self.moe {
+            Some(m) => {
+                m.decoder_sparse_step > 0
+                    && (i + 1) % m.decoder_sparse_step == 0
+                    && !m.mlp_only_layers.contains(&i)
+            }
+            None => false,
+        }
+    }
+
+    /// Inverse frequency of each rotated pair, with Llama 3 scaling applied when configured.
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let half = self.head_dim / 2;
+        (0..half)
+            .map(|i| {
+                let inv =
+                    1.0 / (self.rope_theta as f64).powf(2.0 * i as f64 / self.head_dim as f64);
+                match &self.rope_scaling {
+                    None => inv as f32,
+                    Some(s) => llama3_scale_inv_freq(inv, s) as f32,
+                }
+            })
+            .collect()
+    }
+}
+
+/// HF `_compute_llama3_parameters`: long wavelengths are slowed by `factor`, short ones kept,
+/// and the band between is interpolated smoothly.
+fn llama3_scale_inv_freq(inv_freq: f64, s: &Llama3RopeScaling) -> f64 {
+    let old_ctx = s.original_max_position_embeddings as f64;
+    let low_freq_wavelen = old_ctx / s.low_freq_factor as f64;
+    let high_freq_wavelen = old_ctx / s.high_freq_factor as f64;
+    let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+    if wavelen < high_freq_wavelen {
+        inv_freq
+    } else if wavelen > low_freq_wavelen {
+        inv_freq / s.factor as f64
+    } else {
+        let smooth = (old_ctx / wavelen - s.low_freq_factor as f64)
+            / (s.high_freq_factor as f64 - s.low_freq_factor as f64);
+        (1.0 - smooth) * inv_freq / s.factor as f64 + smooth * inv_freq
+    }
+}

@@ -1,0 +1,13 @@
+//! Everything that turns files on disk into a runnable model: checkpoint formats (GGUF,
+//! safetensors), configs, the decoder forward pass over a flat batch, tokenizers and chat
+//! templates. The model never sees sequences or schedulers: it is a pure function of
+//! (weights, `StepInput`, the KV pages it may read and write).
+
+pub mod chat_template;
+pub mod config;
+pub mod error;
+pub mod gguf;
+pub mod tokenizer;
+
+pub use config::{Arch, ModelConfig};
+pub use error::ModelError;

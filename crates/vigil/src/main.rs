@@ -1,0 +1,5 @@
+//! The `vigil` binary.
+
+fn main() {
+    println!("vigil");
+}
