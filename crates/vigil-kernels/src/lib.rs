@@ -11,3 +11,7 @@ pub mod storage;
 
 pub use dtype::DType;
 pub use storage::{QMatrix, WeightData};
+pub mod attention;
+pub mod matmul;
+pub mod ops;
+pub mod pool;

@@ -11,3 +11,7 @@ pub mod tokenizer;
 
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
+pub mod kv_cache;
+pub mod model;
+pub mod step_input;
+pub mod weights;
