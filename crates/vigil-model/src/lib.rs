@@ -7,6 +7,8 @@ pub mod chat_template;
 pub mod config;
 pub mod error;
 pub mod gguf;
+pub mod hf;
+pub mod safetensors_store;
 pub mod tokenizer;
 
 pub use config::{Arch, ModelConfig};
