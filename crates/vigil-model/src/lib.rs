@@ -17,3 +17,5 @@ pub mod kv_cache;
 pub mod model;
 pub mod step_input;
 pub mod weights;
+pub mod loader;
+pub mod source_hf;

@@ -6,5 +6,6 @@
 
 pub mod blocks;
 pub mod dequant;
+pub mod quantize;
 
 pub use blocks::*;
