@@ -38,7 +38,7 @@ METADATA = [
     ("test.i16", -30000, V.INT16, None),
     ("test.u32", 4000000000, V.UINT32, None),
     ("test.i32", -2000000000, V.INT32, None),
-    ("test.f32", 3.14159, V.FLOAT32, None),
+    ("test.f32", 1.5625e-3, V.FLOAT32, None),
     ("test.f32_neg_zero", -0.0, V.FLOAT32, None),
     ("test.f32_inf", float("inf"), V.FLOAT32, None),
     ("test.bool_true", True, V.BOOL, None),

@@ -95,7 +95,11 @@ fn header_matches_the_writer() {
     let (f, exp) = open_small();
     assert_eq!(f.version, 3);
     assert_eq!(f.alignment(), exp["alignment"].as_u64().unwrap());
-    assert_eq!(f.alignment(), 64, "fixture must use a non-default alignment");
+    assert_eq!(
+        f.alignment(),
+        64,
+        "fixture must use a non-default alignment"
+    );
     assert_eq!(f.data_offset(), exp["data_offset"].as_u64().unwrap());
     assert_eq!(f.architecture(), Some("testarch"));
 }
@@ -122,7 +126,7 @@ fn typed_accessors() {
     assert_eq!(f.get_u32("test.u64"), None, "too large for u32");
     assert_eq!(f.get_u64("test.u64"), Some(18_000_000_000_000_000_000));
     assert_eq!(f.get_u32("test.string"), None);
-    assert_eq!(f.get_f32("test.f32"), Some(3.14159));
+    assert_eq!(f.get_f32("test.f32"), Some(1.5625e-3));
     assert_eq!(f.get_bool("test.bool_true"), Some(true));
     assert_eq!(f.get_bool("test.bool_false"), Some(false));
     assert_eq!(f.get_str("test.string"), Some("héllo 世界 🦙"));
@@ -139,13 +143,20 @@ fn typed_accessors() {
         "4294967295 does not fit i32"
     );
     assert_eq!(f.get_u32_array("test.arr_u32"), Some(vec![1, 2, u32::MAX]));
-    assert_eq!(f.get_f32_array("test.arr_f32"), Some(vec![0.5, -1.25, 1e-8]));
+    assert_eq!(
+        f.get_f32_array("test.arr_f32"),
+        Some(vec![0.5, -1.25, 1e-8])
+    );
     assert_eq!(f.get("missing.key"), None);
     let nested = f.get("test.nested_i32").unwrap().as_array().unwrap();
     assert_eq!(nested.len(), 3);
     assert_eq!(
         nested[1],
-        GgufValue::Array(vec![GgufValue::I32(3), GgufValue::I32(4), GgufValue::I32(5)])
+        GgufValue::Array(vec![
+            GgufValue::I32(3),
+            GgufValue::I32(4),
+            GgufValue::I32(5)
+        ])
     );
 }
 

@@ -79,7 +79,12 @@ impl GgmlType for BlockQ4K {
             let d = block.d.to_f32();
             let dmin = block.dmin.to_f32();
             // Each 32 bytes of `qs` hold two sub-blocks: low nibbles, then high nibbles.
-            for (j, (qs, y)) in block.qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+            for (j, (qs, y)) in block
+                .qs
+                .chunks_exact(32)
+                .zip(y.chunks_exact_mut(64))
+                .enumerate()
+            {
                 let (sc1, m1) = scale_min_k4(2 * j, &block.scales);
                 let (sc2, m2) = scale_min_k4(2 * j + 1, &block.scales);
                 let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
@@ -102,7 +107,12 @@ impl GgmlType for BlockQ5K {
             let d = block.d.to_f32();
             let dmin = block.dmin.to_f32();
             // As Q4_K; sub-block `i`'s fifth bits are bit `i` of each byte of `qh`.
-            for (j, (qs, y)) in block.qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+            for (j, (qs, y)) in block
+                .qs
+                .chunks_exact(32)
+                .zip(y.chunks_exact_mut(64))
+                .enumerate()
+            {
                 let (sc1, m1) = scale_min_k4(2 * j, &block.scales);
                 let (sc2, m2) = scale_min_k4(2 * j + 1, &block.scales);
                 let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
@@ -253,7 +263,10 @@ fn blocks_to_float<T: GgmlType>(bytes: &[u8], out: &mut [f32]) {
         Ok(blocks) => T::to_float(blocks, out),
         Err(_) => {
             let size = std::mem::size_of::<T>();
-            for (b, y) in bytes.chunks_exact(size).zip(out.chunks_exact_mut(T::BLOCK_SIZE)) {
+            for (b, y) in bytes
+                .chunks_exact(size)
+                .zip(out.chunks_exact_mut(T::BLOCK_SIZE))
+            {
                 let block: T = bytemuck::pod_read_unaligned(b);
                 T::to_float(std::slice::from_ref(&block), y);
             }

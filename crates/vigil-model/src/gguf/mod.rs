@@ -216,22 +216,38 @@ impl GgufFile {
 
     /// An array whose elements are all strings.
     pub fn get_str_array(&self, key: &str) -> Option<Vec<&str>> {
-        self.get(key)?.as_array()?.iter().map(|v| v.as_str()).collect()
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_str())
+            .collect()
     }
 
     /// An array whose elements are all integers that fit in i32.
     pub fn get_i32_array(&self, key: &str) -> Option<Vec<i32>> {
-        self.get(key)?.as_array()?.iter().map(|v| v.as_i32()).collect()
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_i32())
+            .collect()
     }
 
     /// An array whose elements are all integers that fit in u32.
     pub fn get_u32_array(&self, key: &str) -> Option<Vec<u32>> {
-        self.get(key)?.as_array()?.iter().map(|v| v.as_u32()).collect()
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_u32())
+            .collect()
     }
 
     /// An array whose elements are all floats.
     pub fn get_f32_array(&self, key: &str) -> Option<Vec<f32>> {
-        self.get(key)?.as_array()?.iter().map(|v| v.as_f32()).collect()
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_f32())
+            .collect()
     }
 
     /// `general.architecture` (`llama`, `qwen3`, `qwen3moe`, …).

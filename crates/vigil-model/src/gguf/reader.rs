@@ -16,6 +16,13 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 const MAX_DIMS: u32 = 4;
 /// Metadata arrays may nest (an array of arrays); deeper than this is corrupt, not data.
 const MAX_ARRAY_DEPTH: usize = 8;
+/// Total metadata array elements per file. A decoded value takes 32 bytes however few it
+/// took in the file, so a corrupt length that happens to fit in the file must not be allowed
+/// to decode gigabytes of tensor data as a `u8` array. Real vocabularies (tokens, merges,
+/// types, scores) total under a million.
+const MAX_ARRAY_ELEMENTS: u64 = 1 << 24;
+/// Initial capacity cap, so a count is only trusted as far as entries are actually read.
+const MAX_PREALLOCATED_ELEMENTS: u64 = 1 << 16;
 /// Smallest possible encodings, used to bound counts by the bytes that remain.
 const MIN_KV_BYTES: u64 = 8 + 4 + 1; // key length, value type, 1-byte value
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8; // name length, n_dims, type, offset
@@ -53,6 +60,8 @@ fn format_err<T>(msg: impl Into<String>) -> PResult<T> {
 struct Cursor<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// Metadata array elements that may still be decoded (`MAX_ARRAY_ELEMENTS` budget).
+    elements_left: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -164,8 +173,13 @@ fn read_array(c: &mut Cursor, depth: usize) -> PResult<GgufValue> {
             c.remaining()
         ));
     }
-    // `len` is bounded by the remaining bytes, so this allocation is bounded by the file size.
-    let mut items = Vec::with_capacity(len as usize);
+    if len > c.elements_left {
+        return format_err(format!(
+            "array length {len} at byte {at} exceeds the limit of {MAX_ARRAY_ELEMENTS} metadata array elements per file"
+        ));
+    }
+    c.elements_left -= len;
+    let mut items = Vec::with_capacity(len.min(MAX_PREALLOCATED_ELEMENTS) as usize);
     for i in 0..len {
         let v = read_value(c, elem_type, depth).map_err(|p| p.context(format!("element {i}")))?;
         items.push(v);
@@ -244,13 +258,16 @@ fn check_shape(info: &GgufTensorInfo) -> PResult<()> {
     };
     let inner = dims.first().copied().unwrap_or(1);
     let block = info.dtype.block_size() as u64;
-    if inner % block != 0 {
+    if !inner.is_multiple_of(block) {
         return format_err(format!(
             "first dimension {inner} of a {} tensor is not a multiple of its block size {block}",
             info.dtype
         ));
     }
-    if (n / block).checked_mul(info.dtype.type_size() as u64).is_none() {
+    if (n / block)
+        .checked_mul(info.dtype.type_size() as u64)
+        .is_none()
+    {
         return format_err(format!("byte size of dimensions {dims:?} overflows"));
     }
     Ok(())
@@ -271,10 +288,15 @@ fn read_alignment(metadata: &BTreeMap<String, GgufValue>) -> PResult<u64> {
 }
 
 /// Every tensor lies inside the file, starts on an alignment boundary and overlaps no other.
-fn check_extents(tensors: &[GgufTensorInfo], data_offset: u64, file_len: u64, alignment: u64) -> PResult<()> {
+fn check_extents(
+    tensors: &[GgufTensorInfo],
+    data_offset: u64,
+    file_len: u64,
+    alignment: u64,
+) -> PResult<()> {
     let mut extents = Vec::with_capacity(tensors.len());
     for t in tensors {
-        if t.offset % alignment != 0 {
+        if !t.offset.is_multiple_of(alignment) {
             return format_err(format!(
                 "tensor '{}' data offset {} is not a multiple of the alignment {alignment}",
                 t.name, t.offset
@@ -305,7 +327,11 @@ fn check_extents(tensors: &[GgufTensorInfo], data_offset: u64, file_len: u64, al
 }
 
 fn read_header(bytes: &[u8]) -> PResult<GgufHeader> {
-    let mut c = Cursor { bytes, pos: 0 };
+    let mut c = Cursor {
+        bytes,
+        pos: 0,
+        elements_left: MAX_ARRAY_ELEMENTS,
+    };
     let magic = c.take(4, "magic")?;
     if magic != MAGIC {
         return format_err(format!(
@@ -335,7 +361,10 @@ fn read_header(bytes: &[u8]) -> PResult<GgufHeader> {
     let tensor_count = c.u64("tensor count")?;
     let kv_count = c.u64("metadata count")?;
     let file_len = bytes.len() as u64;
-    if kv_count.checked_mul(MIN_KV_BYTES).is_none_or(|n| n > c.remaining()) {
+    if kv_count
+        .checked_mul(MIN_KV_BYTES)
+        .is_none_or(|n| n > c.remaining())
+    {
         return format_err(format!(
             "metadata count {kv_count} is impossible for a file of {file_len} bytes"
         ));
@@ -373,8 +402,9 @@ fn read_header(bytes: &[u8]) -> PResult<GgufHeader> {
             c.remaining()
         ));
     }
-    let mut tensors = Vec::with_capacity(tensor_count as usize);
-    let mut names = HashSet::with_capacity(tensor_count as usize);
+    let capacity = tensor_count.min(MAX_PREALLOCATED_ELEMENTS) as usize;
+    let mut tensors = Vec::with_capacity(capacity);
+    let mut names = HashSet::with_capacity(capacity);
     for i in 0..tensor_count {
         let info = read_tensor_info(&mut c).map_err(|p| p.context(format!("tensor info {i}")))?;
         if !names.insert(info.name.clone()) {
