@@ -19,3 +19,4 @@ pub mod step_input;
 pub mod weights;
 pub mod loader;
 pub mod source_hf;
+pub mod source_gguf;
