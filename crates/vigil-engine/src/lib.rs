@@ -2,4 +2,5 @@
 //! copy-on-write forks, `SamplingParams` and the `Sampler`, and the engine loop.
 
 pub mod block_pool;
+pub mod block_table;
 pub mod sampling;
