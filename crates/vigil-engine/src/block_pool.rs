@@ -217,13 +217,12 @@ impl BlockPool {
         let &id = self.cache.get(&hash)?;
         let b = &self.blocks[id as usize];
         let key = b.key?;
-        (key.hash == hash && key.salt == salt && key.parent == parent && b.tokens == tokens).then(
-            || CachedBlock {
-                id,
-                gen: b.gen,
-                hash,
-            },
-        )
+        let same = key.hash == hash && key.salt == salt && key.parent == parent;
+        (same && b.tokens == tokens).then_some(CachedBlock {
+            id,
+            gen: b.gen,
+            hash,
+        })
     }
 
     /// Registers the full block `id` (held by the caller) as holding `tokens` after the cached
@@ -394,8 +393,11 @@ impl BlockPool {
             for (i, c) in table.cached_chain().iter().enumerate() {
                 let own = table.block_ids().get(i) == Some(&c.id);
                 let b = self.blocks.get(c.id as usize);
-                if own && b.is_none_or(|b| b.gen != c.gen || b.key.map(|k| k.hash) != Some(c.hash)) {
-                    return Err(format!("table {t} block {i}: its cache identity went stale"));
+                if own && b.is_none_or(|b| b.gen != c.gen || b.key.map(|k| k.hash) != Some(c.hash))
+                {
+                    return Err(format!(
+                        "table {t} block {i}: its cache identity went stale"
+                    ));
                 }
             }
             for &id in table.block_ids() {
@@ -435,7 +437,9 @@ impl BlockPool {
         for (&hash, &id) in &self.cache {
             let stored = self.blocks.get(id as usize).and_then(|b| b.key);
             if stored.map(|k| k.hash) != Some(hash) {
-                return Err(format!("hash map entry {hash:#x} -> {id}: block's hash differs"));
+                return Err(format!(
+                    "hash map entry {hash:#x} -> {id}: block's hash differs"
+                ));
             }
         }
         let list = self.free_list();
@@ -459,7 +463,10 @@ impl BlockPool {
         }
         let used = self.blocks.iter().filter(|b| b.ref_cnt > 0).count();
         if used + self.num_free != n {
-            return Err(format!("{used} used + {} free != {n} blocks", self.num_free));
+            return Err(format!(
+                "{used} used + {} free != {n} blocks",
+                self.num_free
+            ));
         }
         Ok(())
     }

@@ -168,7 +168,8 @@ impl BlockTable {
     }
 
     fn needs_cow(&self) -> bool {
-        self.num_tokens % self.block_size != 0
+        let offset_in_last = self.num_tokens % self.block_size;
+        offset_in_last != 0
             && self
                 .blocks
                 .last()

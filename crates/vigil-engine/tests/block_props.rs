@@ -50,7 +50,10 @@ impl World {
     fn write(&mut self, a: &AppendedSlots, seq: usize, new_tokens: &[u32]) {
         if let Some(c) = a.copy {
             self.stats.copies += 1;
-            let (src, dst) = (c.src_block as usize * self.bs, c.dst_block as usize * self.bs);
+            let (src, dst) = (
+                c.src_block as usize * self.bs,
+                c.dst_block as usize * self.bs,
+            );
             for o in 0..c.num_tokens {
                 self.kv[dst + o] = self.kv[src + o];
             }
@@ -220,7 +223,10 @@ fn random_ops_keep_accounting_and_kv_exact() {
 fn random_ops_with_single_token_blocks() {
     // No block is ever partial, so nothing is ever copied.
     let s = run(2, 96, 1, default_block_hash, 5000);
-    assert!(s.hit_blocks > 50 && s.out_of_blocks > 20 && s.copies == 0, "{s:?}");
+    assert!(
+        s.hit_blocks > 50 && s.out_of_blocks > 20 && s.copies == 0,
+        "{s:?}"
+    );
 }
 
 /// A hasher with 5 outputs: collisions everywhere, and hits must still be exact.

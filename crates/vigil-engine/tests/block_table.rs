@@ -26,9 +26,7 @@ fn append_allocates_blocks_and_maps_slots() {
     assert_eq!(a.copy, None);
     let b = t.block_ids().to_vec();
     assert_eq!(b.len(), 2);
-    let want: Vec<usize> = (0..6)
-        .map(|p| b[p / 4] as usize * 4 + p % 4)
-        .collect();
+    let want: Vec<usize> = (0..6).map(|p| b[p / 4] as usize * 4 + p % 4).collect();
     assert_eq!(a.slots, want);
     assert_eq!(t.slot(5), Some(want[5]));
     assert_eq!(t.slot(6), None);
@@ -50,13 +48,7 @@ fn out_of_blocks_leaves_everything_unchanged() {
     let mut t = pool.new_table(0);
     let _ = t.append_slots(5).unwrap();
     assert_eq!(t.blocks_needed(4), 1);
-    assert_eq!(
-        t.append_slots(4),
-        Err(OutOfBlocks {
-            needed: 1,
-            free: 0
-        })
-    );
+    assert_eq!(t.append_slots(4), Err(OutOfBlocks { needed: 1, free: 0 }));
     assert_eq!(t.num_tokens(), 5);
     assert_eq!(t.append_slots(3).unwrap().slots.len(), 3);
     ok(&pool, &[&t]);
@@ -146,7 +138,10 @@ fn colliding_hash_never_returns_wrong_blocks() {
     let a = filled(&pool, &[1, 2, 3, 4], 0);
     // Block 1 collided with block 0's entry: only block 0 is cached.
     assert_eq!(a.num_committed_blocks(), 1);
-    assert_eq!(pool.borrow().lookup_prefix(&[1, 2, 3, 4], 0), a.block_ids()[..1]);
+    assert_eq!(
+        pool.borrow().lookup_prefix(&[1, 2, 3, 4], 0),
+        a.block_ids()[..1]
+    );
     assert!(pool.borrow().lookup_prefix(&[3, 4], 0).is_empty());
     assert!(pool.borrow().lookup_prefix(&[1, 2], 9).is_empty());
     let b = filled(&pool, &[5, 6], 0);
@@ -165,7 +160,10 @@ fn colliding_chain_is_caught_by_the_parent_check() {
     let pz = filled(&pool, &[1, 1, 9, 9], 0); // P, Z
     let q = filled(&pool, &[2, 2], 0); // Q
     assert_eq!(pool.borrow().lookup_prefix(&[2, 2, 9, 9], 0), q.block_ids());
-    assert_eq!(pool.borrow().lookup_prefix(&[1, 1, 9, 9], 0), pz.block_ids());
+    assert_eq!(
+        pool.borrow().lookup_prefix(&[1, 1, 9, 9], 0),
+        pz.block_ids()
+    );
     ok(&pool, &[&pz, &q]);
 }
 
@@ -227,10 +225,7 @@ fn out_of_blocks_for_the_copy_on_write_block() {
     let mut child = parent.fork();
     assert_eq!(
         child.append_slots(1),
-        Err(OutOfBlocks {
-            needed: 1,
-            free: 0
-        })
+        Err(OutOfBlocks { needed: 1, free: 0 })
     );
     assert_eq!(child.block_ids(), parent.block_ids());
     ok(&pool, &[&parent, &child]);
