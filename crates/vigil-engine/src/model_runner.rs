@@ -39,6 +39,7 @@ impl ModelRunner {
         let mut sampling = Vec::new();
         for s in &plan.seqs {
             let Some(seq) = seqs.get_mut(&s.seq_id) else { continue };
+            let num_tokens = seq.num_tokens();
             let Some(table) = seq.table.as_mut() else { continue };
             let start = seq.num_computed_tokens;
             let end = start + s.num_tokens;
@@ -58,7 +59,7 @@ impl ModelRunner {
             }
             inp.seqs.push(SeqInput { query_len: s.num_tokens, context_len: end, block_table: table.block_ids().to_vec() });
             seq.num_computed_tokens = end;
-            if end == seq.num_tokens() {
+            if end == num_tokens {
                 inp.sample_rows.push(inp.token_ids.len() - 1);
                 sampling.push(seq.id);
             }
