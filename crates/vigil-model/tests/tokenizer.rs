@@ -30,8 +30,7 @@ fn fixture(name: &str) -> Fixture {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/tokenizer")
         .join(format!("{name}.json"));
-    let text =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -85,13 +84,21 @@ fn ids_and_decoding_match_reference() {
         assert!(fx.cases.len() >= 40, "{name}: corpus too small");
         for case in &fx.cases {
             let what = format!("{name} {:?}", case.text);
-            assert_eq!(tok.encode(&case.text, false).unwrap(), case.ids, "{what}: ids");
+            assert_eq!(
+                tok.encode(&case.text, false).unwrap(),
+                case.ids,
+                "{what}: ids"
+            );
             assert_eq!(
                 tok.encode(&case.text, true).unwrap(),
                 case.ids_add_special,
                 "{what}: ids with special tokens"
             );
-            assert_eq!(tok.decode(&case.ids, false).unwrap(), case.decoded, "{what}: decode");
+            assert_eq!(
+                tok.decode(&case.ids, false).unwrap(),
+                case.decoded,
+                "{what}: decode"
+            );
             assert_eq!(
                 tok.decode(&case.ids, true).unwrap(),
                 case.decoded_skip_special,
@@ -241,7 +248,11 @@ fn generation_config_eos_ids_are_added() {
     .unwrap();
     let tok = Tokenizer::from_hf_dir(&dir).unwrap();
     assert_eq!(tok.eos_token_ids(), &[128009, 128001, 128008]);
-    std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": "x"}"#).unwrap();
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"eos_token_id": "x"}"#,
+    )
+    .unwrap();
     assert!(Tokenizer::from_hf_dir(&dir).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }

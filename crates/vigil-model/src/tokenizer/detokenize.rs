@@ -26,7 +26,11 @@ pub struct IncrementalDetokenizer<'a> {
 impl<'a> IncrementalDetokenizer<'a> {
     /// `prompt_ids_tail` (the last few prompt ids, may be empty) gives the first generated
     /// tokens their left context; its own text is never emitted.
-    pub fn new(tokenizer: &'a Tokenizer, prompt_ids_tail: &[u32], skip_special_tokens: bool) -> Self {
+    pub fn new(
+        tokenizer: &'a Tokenizer,
+        prompt_ids_tail: &[u32],
+        skip_special_tokens: bool,
+    ) -> Self {
         IncrementalDetokenizer {
             tokenizer,
             ids: prompt_ids_tail.to_vec(),

@@ -2,7 +2,6 @@
 //! llama.cpp does (the reference for GGUF): no normalizer, the pre-tokenizer regexes named by
 //! `tokenizer.ggml.pre`, control and user-defined tokens matched whole in the text.
 
-
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -99,7 +98,11 @@ pub(crate) fn build(v: &GgufVocab) -> Result<BuiltGguf> {
         .map(|m| {
             m.split_once(' ')
                 .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| err(format!("merge {m:?} is not two symbols separated by a space")))
+                .ok_or_else(|| {
+                    err(format!(
+                        "merge {m:?} is not two symbols separated by a space"
+                    ))
+                })
         })
         .collect::<Result<Vec<_>>>()?;
     let bpe = BPE::builder()

@@ -91,7 +91,10 @@ impl HfTokenizerConfig {
                     .as_u64()
                     .and_then(|id| u32::try_from(id).ok())
                     .ok_or_else(|| {
-                        ModelError::format(&generation_path, format!("eos_token_id {id} is not a token id"))
+                        ModelError::format(
+                            &generation_path,
+                            format!("eos_token_id {id} is not a token id"),
+                        )
                     })?;
                 config.generation_eos_ids.push(id);
             }
