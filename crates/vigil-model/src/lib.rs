@@ -20,3 +20,4 @@ pub mod weights;
 pub mod loader;
 pub mod source_hf;
 pub mod source_gguf;
+pub mod load;

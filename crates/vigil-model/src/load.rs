@@ -27,14 +27,6 @@ pub struct LoadedModel {
     pub max_position_embeddings: usize,
 }
 
-impl LoadedModel {
-    /// Render `messages` through the model's chat template.
-    pub fn render_chat(&self, messages: &serde_json::Value, add_generation_prompt: bool) -> Result<String> {
-        let t = self.chat_template.as_ref().ok_or_else(|| ModelError::Template("this model has no chat template".into()))?;
-        t.render(messages, None, add_generation_prompt, &serde_json::Map::new())
-    }
-}
-
 pub fn parse_quantize(s: Option<&str>) -> Result<LoadQuantization> {
     match s {
         None | Some("none") => Ok(LoadQuantization::AsStored),

@@ -8,6 +8,7 @@ use std::time::Instant;
 use vigil_engine::sampling::SamplingParams;
 use vigil_engine::sequence::StopCriteria;
 use vigil_model::load::{LoadOptions, LoadedModel};
+use vigil_model::model::Model;
 use vigil_model::tokenizer::IncrementalDetokenizer;
 
 #[derive(clap::Args)]
@@ -72,7 +73,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         ..LoadOptions::default()
     };
     let loaded = vigil_model::load::load(&model_path, &opts).with_context(|| format!("loading {}", model_path.display()))?;
-    let mut engine = crate_engine(loaded.clone_parts(), args.ctx)?;
+    let LoadedModel { model, tokenizer, chat_template, max_position_embeddings } = loaded;
+    let mut engine = new_engine(model, args.ctx.unwrap_or(max_position_embeddings.min(4096)));
     let params = SamplingParams {
         temperature: args.temperature,
         top_p: args.top_p,
@@ -84,7 +86,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     params.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
 
-    let tokenizer = &loaded.tokenizer;
+    let tokenizer = &tokenizer;
     let mut messages: Vec<serde_json::Value> = Vec::new();
     if let Some(sys) = &args.system {
         messages.push(serde_json::json!({"role": "system", "content": sys}));
@@ -106,7 +108,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         };
         let prompt_ids = if args.chat {
             messages.push(serde_json::json!({"role": "user", "content": user_text}));
-            let text = loaded.render_chat(&serde_json::Value::Array(messages.clone()), true)?;
+            let template = chat_template.as_ref().context("this model has no chat template; use --prompt without --chat")?;
+            let text = template.render(&serde_json::Value::Array(messages.clone()), None, true, &serde_json::Map::new())?;
             tokenizer.encode(&text, false)?
         } else {
             tokenizer.encode(&user_text, true)?
@@ -123,14 +126,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-fn crate_engine(parts: (vigil_model::model::Model, usize), ctx: Option<usize>) -> Result<vigil_engine::engine::LlmEngine> {
-    let (model, max_len) = parts;
-    let ctx = ctx.unwrap_or(max_len.min(4096));
+/// An engine whose KV pool holds one sequence of `ctx` tokens.
+fn new_engine(model: Model, ctx: usize) -> vigil_engine::engine::LlmEngine {
     let block_size = 16;
     let num_blocks = ctx.div_ceil(block_size) + 1;
     let kv = vigil_model::kv_cache::KvCache::new(model.config.num_layers, model.config.kv_dim(), num_blocks, block_size, vigil_model::kv_cache::KvDtype::F16);
     let runner = vigil_engine::model_runner::ModelRunner::new(model, kv);
-    Ok(vigil_engine::engine::LlmEngine::new(runner, vigil_engine::scheduler::SchedulerConfig::default()))
+    vigil_engine::engine::LlmEngine::new(runner, vigil_engine::scheduler::SchedulerConfig::default())
 }
 
 fn generate_one(
