@@ -3,7 +3,7 @@
 //! Fixtures: tests/fixtures/tokenizer/*.json, made by scripts/make_tokenizer_fixtures.py.
 //!
 //! Needs `VIGIL_TEST_TOKENIZERS` (a dir with `qwen3/` and `llama3_1/`) and
-//! `VIGIL_TEST_GGUF_VOCAB_JSON` (scripts/dump_gguf_vocab.py output for the SmolLM2 GGUF);
+//! `VIGIL_TEST_GGUF` (the SmolLM2 GGUF, whose vocabulary goes through Vigil's own GGUF reader);
 //! each test is skipped with a message when its variable is unset.
 
 use std::path::{Path, PathBuf};
@@ -46,12 +46,12 @@ fn hf_tokenizer(name: &str) -> Option<Tokenizer> {
 /// The SmolLM2 GGUF vocabulary, read from a JSON dump made with the reference GGUF reader.
 /// (Swap this for Vigil's GGUF parser once both are merged.)
 fn smollm2_vocab() -> Option<GgufVocab> {
-    let Some(path) = std::env::var_os("VIGIL_TEST_GGUF_VOCAB_JSON") else {
-        eprintln!("skipped: VIGIL_TEST_GGUF_VOCAB_JSON is not set");
+    let Some(path) = std::env::var_os("VIGIL_TEST_GGUF") else {
+        eprintln!("skipped: VIGIL_TEST_GGUF is not set");
         return None;
     };
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}")))
+    let file = vigil_model::gguf::GgufFile::open(Path::new(&path)).unwrap_or_else(|e| panic!("{e}"));
+    Some(vigil_model::source_gguf::gguf_vocab(&file).unwrap_or_else(|e| panic!("{e}")))
 }
 
 fn gguf_tokenizer() -> Option<Tokenizer> {
