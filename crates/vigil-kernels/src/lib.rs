@@ -6,6 +6,8 @@
 
 pub mod cpu;
 pub mod dtype;
+pub mod matmul;
+pub mod pool;
 pub mod quant;
 pub mod storage;
 

@@ -6,5 +6,7 @@
 
 pub mod blocks;
 pub mod dequant;
+pub mod dot;
+pub mod quantize;
 
 pub use blocks::*;
