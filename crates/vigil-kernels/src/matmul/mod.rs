@@ -27,9 +27,6 @@ const PARALLEL_MIN_WORK: usize = 64 * 1024;
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
-    #[cfg(target_arch = "x86_64")]
-    static TILE_SCRATCH: RefCell<crate::quant::dot::avx2::TileScratch> =
-        RefCell::new(Default::default());
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -232,10 +229,7 @@ macro_rules! fmt32 {
                 r1: usize,
                 out: *mut f32,
             ) {
-                TILE_SCRATCH.with(|t| {
-                    let mut t = t.borrow_mut();
-                    crate::quant::dot::avx2::matmul_rows::<$avx>(w, rows, acts, r0, r1, out, &mut t)
-                })
+                crate::quant::dot::avx2::matmul_rows::<$avx>(w, rows, acts, r0, r1, out)
             }
         }
     };

@@ -185,59 +185,81 @@ unsafe fn act_lanes_i32<const MR: usize>(p: *const i32) -> __m256i {
     }
 }
 
-/// Per block, the weight scales (and mins) in the tile's lane order: lane `k` = row `k / MR`.
+/// The 32 bits at the start of a weight block: its f16 scale and, for Q4_1, its f16 min.
+#[inline(always)]
+unsafe fn head32<W>(w: *const W) -> i32 {
+    w.cast::<i32>().read_unaligned()
+}
+
+/// Block `b`'s weight scales and mins in the tile's lane order (lane `k` = row `k / MR`).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn weight_lanes<F: Fmt32, const MR: usize, const NR: usize>(
     w: &[*const F::W; NR],
-    nb: usize,
-    d: &mut Vec<[f32; 8]>,
-    m: &mut Vec<[f32; 8]>,
-) {
-    d.clear();
-    m.clear();
-    for b in 0..nb {
-        let mut db = [0u16; 8];
-        let mut mb = [0u16; 8];
-        for k in 0..8 {
-            (db[k], mb[k]) = F::weight_d_m(&*w[k / MR].add(b));
-        }
-        let mut df = [0f32; 8];
-        _mm256_storeu_ps(
-            df.as_mut_ptr(),
-            _mm256_cvtph_ps(_mm_loadu_si128(db.as_ptr().cast())),
-        );
-        d.push(df);
-        if F::HAS_MIN {
-            let mut mf = [0f32; 8];
-            _mm256_storeu_ps(
-                mf.as_mut_ptr(),
-                _mm256_cvtph_ps(_mm_loadu_si128(mb.as_ptr().cast())),
+    b: usize,
+) -> (__m256, __m256) {
+    match (MR, NR) {
+        (4, 2) => {
+            // [d0 m0 d1 m1] → lanes [d0 ×4, d1 ×4] and [m0 ×4, m1 ×4].
+            let dm = _mm_unpacklo_epi32(
+                _mm_cvtsi32_si128(head32(w[0].add(b))),
+                _mm_cvtsi32_si128(head32(w[1].add(b))),
             );
-            m.push(mf);
+            let f = _mm256_castps128_ps256(_mm_cvtph_ps(dm));
+            let d = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+            let m = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
+            (d, m)
         }
+        (1, 8) => {
+            let g = _mm256_setr_epi32(
+                head32(w[0].add(b)),
+                head32(w[1].add(b)),
+                head32(w[2].add(b)),
+                head32(w[3].add(b)),
+                head32(w[4].add(b)),
+                head32(w[5].add(b)),
+                head32(w[6].add(b)),
+                head32(w[7].add(b)),
+            );
+            // Per 128-bit lane: d bytes to the low 8 bytes, m bytes to the high 8.
+            let split = _mm256_setr_epi8(
+                0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2,
+                3, 6, 7, 10, 11, 14, 15,
+            );
+            let s = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(g, split));
+            (
+                _mm256_cvtph_ps(_mm256_castsi256_si128(s)),
+                _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(s)),
+            )
+        }
+        _ => unreachable!("tile shape"),
     }
 }
 
 /// The 8 pairs of one tile over all `nb` blocks; lane `k` is pair `(k % MR, k / MR)`.
 ///
 /// # Safety
-/// AVX2; every pointer addresses `nb` blocks; `wd`/`wm` hold `nb` lane vectors (`wm` only
-/// for `HAS_MIN`); the activation side arrays cover rows `i0..i0 + MR`.
+/// AVX2; every pointer addresses `nb` blocks; the activation side arrays cover rows
+/// `i0..i0 + MR`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<F: Fmt32, const MR: usize, const NR: usize>(
     w: &[*const F::W; NR],
     a: &[*const F::A; MR],
-    wd: &[[f32; 8]],
-    wm: &[[f32; 8]],
     acts: &Acts32<F::A>,
     i0: usize,
     nb: usize,
+    prefetch: isize,
 ) -> [f32; 8] {
     let m = acts.m;
     let mut acc = _mm256_setzero_ps();
     for b in 0..nb {
         let mut wv = [[_mm256_setzero_si256(); 2]; NR];
         for j in 0..NR {
+            if prefetch != 0 {
+                // The same block of the next tile's rows, so DRAM streams ahead of use.
+                let ahead = w[j].add(b).cast::<i8>().wrapping_offset(prefetch);
+                _mm_prefetch::<_MM_HINT_T0>(ahead);
+            }
             wv[j] = F::weight_values(w[j].add(b));
         }
         let mut y = [_mm256_setzero_si256(); MR];
@@ -257,11 +279,11 @@ unsafe fn tile<F: Fmt32, const MR: usize, const NR: usize>(
             sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<3>(ysum));
         }
         let dy = act_lanes::<MR>(acts.d.as_ptr().add(side));
-        let dd = _mm256_mul_ps(_mm256_loadu_ps(wd.as_ptr().add(b).cast()), dy);
+        let (dx, mx) = weight_lanes::<F, MR, NR>(w, b);
+        let dd = _mm256_mul_ps(dx, dy);
         let mut t = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), dd);
         if F::HAS_MIN {
             let sy = act_lanes::<MR>(acts.s.as_ptr().add(side));
-            let mx = _mm256_loadu_ps(wm.as_ptr().add(b).cast());
             t = _mm256_add_ps(t, _mm256_mul_ps(mx, sy));
         }
         acc = _mm256_add_ps(acc, t);
@@ -269,13 +291,6 @@ unsafe fn tile<F: Fmt32, const MR: usize, const NR: usize>(
     let mut r = [0f32; 8];
     _mm256_storeu_ps(r.as_mut_ptr(), acc);
     r
-}
-
-/// Scratch for one thread's weight-scale lanes.
-#[derive(Default)]
-pub struct TileScratch {
-    d: Vec<[f32; 8]>,
-    m: Vec<[f32; 8]>,
 }
 
 /// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`.
@@ -291,7 +306,6 @@ pub unsafe fn matmul_rows<F: Fmt32>(
     r0: usize,
     r1: usize,
     out: *mut f32,
-    scratch: &mut TileScratch,
 ) {
     let nb = acts.nb;
     let m = acts.m;
@@ -302,19 +316,19 @@ pub unsafe fn matmul_rows<F: Fmt32>(
         let c1 = (c0 + ROW_CHUNK).min(m4);
         for j0 in (r0..r1).step_by(2) {
             let wp = [wrow(j0), wrow(j0 + 1)];
-            weight_lanes::<F, 4, 2>(&wp, nb, &mut scratch.d, &mut scratch.m);
             for i0 in (c0..c1).step_by(4) {
                 let ap = [arow(i0), arow(i0 + 1), arow(i0 + 2), arow(i0 + 3)];
-                let r = tile::<F, 4, 2>(&wp, &ap, &scratch.d, &scratch.m, acts, i0, nb);
+                let r = tile::<F, 4, 2>(&wp, &ap, acts, i0, nb, 0);
                 store(out, rows, &r, 4, i0, j0, r1);
             }
         }
     }
+    // Decode streams the weights once: prefetch the next tile (8 rows on) while computing.
+    let prefetch = (8 * nb * std::mem::size_of::<F::W>()) as isize;
     for i0 in m4..m {
         for j0 in (r0..r1).step_by(8) {
             let wp: [*const F::W; 8] = std::array::from_fn(|k| wrow(j0 + k));
-            weight_lanes::<F, 1, 8>(&wp, nb, &mut scratch.d, &mut scratch.m);
-            let r = tile::<F, 1, 8>(&wp, &[arow(i0)], &scratch.d, &scratch.m, acts, i0, nb);
+            let r = tile::<F, 1, 8>(&wp, &[arow(i0)], acts, i0, nb, prefetch);
             store(out, rows, &r, 1, i0, j0, r1);
         }
     }
