@@ -4,14 +4,14 @@
 //! Every kernel has a portable scalar path; the AVX2+FMA+F16C path is chosen at runtime
 //! (`cpu::features()`) and tested against the scalar one.
 
+pub mod attention;
 pub mod cpu;
 pub mod dtype;
+pub mod matmul;
+pub mod ops;
+pub mod pool;
 pub mod quant;
 pub mod storage;
 
 pub use dtype::DType;
 pub use storage::{QMatrix, WeightData};
-pub mod attention;
-pub mod matmul;
-pub mod ops;
-pub mod pool;

@@ -1,13 +1,298 @@
-//! TEMPORARY sequential stand-in for the worker pool (replaced by the kernels work).
-pub struct ThreadPool;
+//! The persistent worker pool every parallel kernel runs on.
+//!
+//! `n - 1` worker threads are created once; the calling thread is the `n`-th. A call to
+//! [`ThreadPool::run`] publishes one job (a borrowed closure and a task count) under a new
+//! epoch, runs its own share, and returns when every share has finished. Workers spin on the
+//! epoch for a short while after each job (decode issues hundreds of small matmuls back to
+//! back, and a futex wake costs more than the work) and then park on a condvar.
+//!
+//! Tasks are split statically into `n` contiguous chunks, chunk `t` being
+//! `[t * n_tasks / n, (t + 1) * n_tasks / n)`. Chunk `t` is meant for thread `t` (the caller
+//! is thread 0), but a thread that has finished claims chunks nobody has started: on a busy
+//! machine a descheduled worker then costs nothing instead of a scheduler time slice. Which
+//! thread runs a chunk never changes what the chunk computes.
+//!
+//! A `run` issued from inside a task (nested parallelism) runs inline on the calling thread.
+//! A panic in any task is re-raised on the caller after every chunk has finished.
+
+use std::cell::Cell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before parking.
+const SPIN_BEFORE_PARK: Duration = Duration::from_micros(300);
+
+type Task<'a> = dyn Fn(usize) + Sync + 'a;
+
+/// Placeholder job before the first `run`.
+static NO_TASK: fn(usize) = |_| {};
+
+/// One published job: a type-erased pointer to the caller's closure and its task count.
+#[derive(Clone, Copy)]
+struct Job {
+    task: *const Task<'static>,
+    n_tasks: usize,
+}
+
+struct Shared {
+    /// Bumped (SeqCst) once per job, starting at 1.
+    epoch: AtomicUsize,
+    /// Per chunk, the last epoch in which some thread claimed it. A chunk is free in epoch
+    /// `e` while its entry is below `e`; claiming is a compare-exchange to `e`.
+    claimed: Vec<AtomicUsize>,
+    /// Chunks of the current job not yet finished.
+    remaining: AtomicUsize,
+    /// Workers currently parked (or about to park) on `wake`.
+    sleeping: AtomicUsize,
+    shutdown: AtomicBool,
+    /// Set by a worker whose task panicked; the payload is kept for the caller.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    job: std::cell::UnsafeCell<Job>,
+    lock: Mutex<()>,
+    wake: Condvar,
+    num_threads: usize,
+}
+
+// SAFETY: `job` is written by the caller (holding `ThreadPool::submit`) only between jobs,
+// when every chunk of the previous epoch has been claimed and finished; a thread reads it only
+// after claiming a chunk of the new epoch, which the caller waits for before returning.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// A fixed set of threads that run data-parallel kernels.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    /// Serializes callers: one job in flight at a time.
+    submit: Mutex<()>,
+}
+
+thread_local! {
+    /// True on pool workers and on a caller while it runs tasks: a nested `run` goes inline.
+    static IN_POOL_TASK: Cell<bool> = const { Cell::new(false) };
+}
+
 impl ThreadPool {
-    pub fn new(_n: usize) -> Self {
-        ThreadPool
+    /// A pool of `num_threads` threads in all (the caller counts as one); 0 is treated as 1.
+    pub fn new(num_threads: usize) -> ThreadPool {
+        let num_threads = num_threads.max(1);
+        let shared = Arc::new(Shared {
+            epoch: AtomicUsize::new(0),
+            claimed: (0..num_threads).map(|_| AtomicUsize::new(0)).collect(),
+            remaining: AtomicUsize::new(0),
+            sleeping: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            panic: Mutex::new(None),
+            job: std::cell::UnsafeCell::new(Job {
+                task: &NO_TASK as &Task<'static>,
+                n_tasks: 0,
+            }),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+            num_threads,
+        });
+        let workers = (1..num_threads)
+            .map(|t| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("vigil-pool-{t}"))
+                    .spawn(move || worker_loop(&shared, t))
+                    .expect("spawning a pool worker thread")
+            })
+            .collect();
+        ThreadPool {
+            shared,
+            workers,
+            submit: Mutex::new(()),
+        }
     }
+
+    /// A pool with one thread per available CPU.
+    pub fn with_available_parallelism() -> ThreadPool {
+        ThreadPool::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
     pub fn num_threads(&self) -> usize {
-        1
+        self.shared.num_threads
     }
+
+    /// Run `f(i)` for every `i` in `0..n_tasks`, split into one contiguous chunk per thread,
+    /// and return when all have finished. `f` may borrow from the caller's stack.
     pub fn run<F: Fn(usize) + Sync>(&self, n_tasks: usize, f: F) {
-        (0..n_tasks).for_each(f)
+        let nested = IN_POOL_TASK.with(|c| c.get());
+        if n_tasks <= 1 || self.shared.num_threads == 1 || nested {
+            (0..n_tasks).for_each(&f);
+            return;
+        }
+        let _serial = self.submit.lock().unwrap_or_else(|e| e.into_inner());
+        let shared = &*self.shared;
+        let task: &Task<'_> = &f;
+        // SAFETY: the lifetime is erased only for as long as this call, which does not return
+        // until every chunk has finished (even when a task panics), and no thread reads the
+        // job without first claiming a chunk of this epoch.
+        let task: *const Task<'static> = unsafe { std::mem::transmute(task as *const Task<'_>) };
+        // SAFETY: between jobs (see `Shared`).
+        unsafe { *shared.job.get() = Job { task, n_tasks } };
+        let epoch = shared.epoch.load(Ordering::Relaxed) + 1;
+        shared.remaining.store(shared.num_threads, Ordering::SeqCst);
+        // The caller's own chunk is claimed before anyone can see the job.
+        shared.claimed[0].store(epoch, Ordering::SeqCst);
+        shared.epoch.store(epoch, Ordering::SeqCst);
+        if shared.sleeping.load(Ordering::SeqCst) > 0 {
+            let _g = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            shared.wake.notify_all();
+        }
+
+        IN_POOL_TASK.with(|c| c.set(true));
+        let mine = catch_unwind(AssertUnwindSafe(|| {
+            run_chunk(shared, &f, n_tasks, 0);
+            claim_leftovers(shared, epoch, 0, &f, n_tasks);
+        }));
+        IN_POOL_TASK.with(|c| c.set(false));
+
+        let mut spins = 0u32;
+        while shared.remaining.load(Ordering::Acquire) > 0 {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if let Err(payload) = mine {
+            resume_unwind(payload);
+        }
+        let worker_panic = shared
+            .panic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(payload) = worker_panic {
+            resume_unwind(payload);
+        }
+    }
+}
+
+/// Run chunk `c` and count it finished (a panic is caught by the caller of this function
+/// only after the count, so `remaining` always reaches zero).
+fn run_chunk(shared: &Shared, f: &(dyn Fn(usize) + Sync + '_), n_tasks: usize, c: usize) {
+    struct Finish<'a>(&'a AtomicUsize);
+    impl Drop for Finish<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::Release);
+        }
+    }
+    let _finish = Finish(&shared.remaining);
+    let threads = shared.num_threads;
+    (c * n_tasks / threads..(c + 1) * n_tasks / threads).for_each(f);
+}
+
+fn try_claim(shared: &Shared, epoch: usize, c: usize) -> bool {
+    let seen = shared.claimed[c].load(Ordering::SeqCst);
+    seen < epoch
+        && shared.claimed[c]
+            .compare_exchange(seen, epoch, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+}
+
+/// Run every chunk of `epoch` that nobody has claimed yet, starting after `me`.
+fn claim_leftovers(
+    shared: &Shared,
+    epoch: usize,
+    me: usize,
+    f: &(dyn Fn(usize) + Sync + '_),
+    n_tasks: usize,
+) {
+    let n = shared.num_threads;
+    for k in 1..n {
+        let c = (me + k) % n;
+        if try_claim(shared, epoch, c) {
+            run_chunk(shared, f, n_tasks, c);
+        }
+    }
+}
+
+fn worker_loop(shared: &Shared, t: usize) {
+    IN_POOL_TASK.with(|c| c.set(true));
+    let mut seen = 0usize;
+    loop {
+        let epoch = wait_for_epoch(shared, seen);
+        if shared.shutdown.load(Ordering::SeqCst) {
+            return;
+        }
+        seen = epoch;
+        // Our own chunk first; then any chunk nobody has started. The job is read only after
+        // a successful claim: only then is the caller known to be waiting on this epoch.
+        let own = try_claim(shared, epoch, t);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: called only while holding a claimed chunk of `epoch` (see `Shared`).
+            let job = || unsafe { *shared.job.get() };
+            let n = shared.num_threads;
+            for k in 0..n {
+                let c = (t + k) % n;
+                let mine = if k == 0 {
+                    own
+                } else {
+                    try_claim(shared, epoch, c)
+                };
+                if mine {
+                    let j = job();
+                    // SAFETY: the caller keeps the closure alive until every chunk finished.
+                    run_chunk(shared, unsafe { &*j.task }, j.n_tasks, c);
+                }
+            }
+        }));
+        if let Err(payload) = result {
+            let mut slot = shared.panic.lock().unwrap_or_else(|e| e.into_inner());
+            slot.get_or_insert(payload);
+        }
+    }
+}
+/// Spin, then park, until the epoch moves past `seen` (or shutdown); returns the new epoch.
+fn wait_for_epoch(shared: &Shared, seen: usize) -> usize {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        let e = shared.epoch.load(Ordering::SeqCst);
+        if e != seen || shared.shutdown.load(Ordering::Relaxed) {
+            return e;
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(256) && start.elapsed() > SPIN_BEFORE_PARK {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    let mut guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+    shared.sleeping.fetch_add(1, Ordering::SeqCst);
+    loop {
+        let e = shared.epoch.load(Ordering::SeqCst);
+        if e != seen || shared.shutdown.load(Ordering::SeqCst) {
+            shared.sleeping.fetch_sub(1, Ordering::SeqCst);
+            return e;
+        }
+        guard = shared.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        {
+            let _g = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ThreadPool({} threads)", self.shared.num_threads)
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod blocks;
 pub mod dequant;
+pub mod dot;
 pub mod quantize;
 
 pub use blocks::*;

@@ -1,0 +1,420 @@
+//! `out = x · Wᵀ` for every weight format: activations `x` (`m` rows × `w.cols`) times a weight
+//! matrix `w` (`w.rows` × `w.cols`), giving `m` rows × `w.rows`.
+//!
+//! Activations are quantized once per call to the format the weights pair with (as ggml:
+//! Q4_0, Q8_0 → Q8_0; Q4_1 → Q8_1; k-quants → Q8_K; float weights stay f32) into a reused
+//! per-thread scratch. The weight rows (output columns) are then split across the pool's
+//! threads, so each thread streams its own part of the weights once: in decode that is the
+//! whole cost; in prefill each loaded weight block serves a tile of activation rows.
+//!
+//! Determinism: each output element is reduced in a fixed order (see `quant::dot`) that does
+//! not depend on `m`, on the other rows of `x`, on the thread split or on the tile shape.
+
+mod acts;
+
+use crate::cpu;
+use crate::pool::ThreadPool;
+use crate::quant::blocks::*;
+use crate::quant::dot::{scalar, Acts32};
+use crate::{DType, QMatrix};
+use acts::{Quantizer, Scratch, SyncPtr};
+use std::cell::RefCell;
+
+/// Weight rows are split between threads in multiples of this (the decode tile's width).
+const ROW_ALIGN: usize = 8;
+/// Below this much work (weight bytes × activation rows) the call stays on one thread.
+const PARALLEL_MIN_WORK: usize = 64 * 1024;
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+/// `out[i * w.rows + j] = dot(x[i * w.cols..][..w.cols], row j of w)` for `i in 0..m`,
+/// on the pool's threads with the fastest kernels this CPU supports.
+pub fn matmul(pool: &ThreadPool, w: &QMatrix, x: &[f32], m: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::features().avx2_fma_f16c {
+        return matmul_on(Some(pool), Path::Avx2, w, x, m, out);
+    }
+    let _ = cpu::features;
+    matmul_on(Some(pool), Path::Scalar, w, x, m, out)
+}
+
+/// The portable reference path: scalar kernels, one thread. Same results as [`matmul`]
+/// bit for bit for quantized weights, to float rounding for float weights.
+pub fn matmul_scalar(w: &QMatrix, x: &[f32], m: usize, out: &mut [f32]) {
+    matmul_on(None, Path::Scalar, w, x, m, out)
+}
+
+fn matmul_on(
+    pool: Option<&ThreadPool>,
+    path: Path,
+    w: &QMatrix,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+) {
+    assert!(
+        w.cols.is_multiple_of(w.dtype.block_size()),
+        "matmul: {} columns is not a whole number of {} blocks",
+        w.cols,
+        w.dtype
+    );
+    assert!(
+        x.len() >= m * w.cols,
+        "matmul: x has {} values, need {m} × {}",
+        x.len(),
+        w.cols
+    );
+    assert!(
+        out.len() >= m * w.rows,
+        "matmul: out has {} values, need {m} × {}",
+        out.len(),
+        w.rows
+    );
+    assert!(
+        w.data.bytes().len() >= w.rows * w.row_bytes(),
+        "matmul: weight data shorter than {} rows",
+        w.rows
+    );
+    if m == 0 || w.rows == 0 {
+        return;
+    }
+    let pool =
+        pool.filter(|p| p.num_threads() > 1 && w.rows * w.row_bytes() * m >= PARALLEL_MIN_WORK);
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => run(pool, path, w, x, m, out, &mut scratch),
+        // Re-entered from inside a task on this thread: use a fresh scratch.
+        Err(_) => run(pool, path, w, x, m, out, &mut Scratch::default()),
+    });
+}
+
+/// Call `f(r0, r1)` on disjoint, `ROW_ALIGN`-aligned ranges of weight rows covering `0..rows`.
+fn split_rows(pool: Option<&ThreadPool>, rows: usize, f: impl Fn(usize, usize) + Sync) {
+    let Some(pool) = pool else {
+        return f(0, rows);
+    };
+    let threads = pool.num_threads();
+    let units = rows.div_ceil(ROW_ALIGN);
+    pool.run(threads, |t| {
+        let r0 = (t * units / threads * ROW_ALIGN).min(rows);
+        let r1 = ((t + 1) * units / threads * ROW_ALIGN).min(rows);
+        if r0 < r1 {
+            f(r0, r1);
+        }
+    });
+}
+
+fn blocks_of<B: bytemuck::Pod>(w: &QMatrix) -> &[B] {
+    let bytes = &w.data.bytes()[..w.rows * w.row_bytes()];
+    bytemuck::try_cast_slice(bytes).unwrap_or_else(|e| {
+        panic!(
+            "matmul: {} weight data misaligned for its block type: {e}",
+            w.dtype
+        )
+    })
+}
+
+fn run(
+    pool: Option<&ThreadPool>,
+    path: Path,
+    w: &QMatrix,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) {
+    let (rows, cols) = (w.rows, w.cols);
+    let out = SyncPtr(out.as_mut_ptr());
+    let how = match path {
+        Path::Scalar => Quantizer::Portable,
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => Quantizer::Dispatched,
+    };
+    let side = path != Path::Scalar;
+    let shape = (m, cols);
+    match w.dtype {
+        DType::Q4_0 => {
+            let acts = scratch.q8_0(pool, how, x, shape, side);
+            let wb = blocks_of::<BlockQ4_0>(w);
+            split_rows(pool, rows, |r0, r1| {
+                rows_32::<Q4_0Fmt>(path, wb, rows, &acts, r0, r1, out)
+            });
+        }
+        DType::Q4_1 => {
+            let acts = scratch.q8_1(pool, how, x, shape, side);
+            let wb = blocks_of::<BlockQ4_1>(w);
+            split_rows(pool, rows, |r0, r1| {
+                rows_32::<Q4_1Fmt>(path, wb, rows, &acts, r0, r1, out)
+            });
+        }
+        DType::Q8_0 => {
+            let acts = scratch.q8_0(pool, how, x, shape, side);
+            let wb = blocks_of::<BlockQ8_0>(w);
+            split_rows(pool, rows, |r0, r1| {
+                rows_32::<Q8_0Fmt>(path, wb, rows, &acts, r0, r1, out)
+            });
+        }
+        DType::Q4K => {
+            let acts = scratch.q8k(pool, how, x, shape);
+            let wb = blocks_of::<BlockQ4K>(w);
+            split_rows(pool, rows, |r0, r1| {
+                rows_k::<Q4KFmt>(path, wb, rows, acts, m, r0, r1, out)
+            });
+        }
+        DType::Q5K => {
+            let acts = scratch.q8k(pool, how, x, shape);
+            let wb = blocks_of::<BlockQ5K>(w);
+            split_rows(pool, rows, |r0, r1| {
+                rows_k::<Q5KFmt>(path, wb, rows, acts, m, r0, r1, out)
+            });
+        }
+        DType::Q6K => {
+            let acts = scratch.q8k(pool, how, x, shape);
+            let wb = blocks_of::<BlockQ6K>(w);
+            split_rows(pool, rows, |r0, r1| {
+                rows_k::<Q6KFmt>(path, wb, rows, acts, m, r0, r1, out)
+            });
+        }
+        DType::F32 | DType::F16 | DType::BF16 => {
+            let wbytes = &w.data.bytes()[..rows * w.row_bytes()];
+            let x = &x[..m * cols];
+            split_rows(pool, rows, |r0, r1| {
+                rows_float(path, w.dtype, wbytes, rows, cols, x, m, r0, r1, out)
+            });
+        }
+    }
+}
+
+/// Ties a 32-value weight format to its scalar dot and its AVX2 tile format.
+trait Fmt32Path {
+    type W: bytemuck::Pod;
+    type A: bytemuck::Pod;
+    fn scalar_dot(w: &[Self::W], a: &[Self::A]) -> f32;
+    /// # Safety
+    /// See `avx2::matmul_rows`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2_rows(
+        w: &[Self::W],
+        rows: usize,
+        acts: &Acts32<Self::A>,
+        r0: usize,
+        r1: usize,
+        out: *mut f32,
+    );
+}
+
+macro_rules! fmt32 {
+    ($name:ident, $w:ty, $a:ty, $dot:path, $avx:ty) => {
+        struct $name;
+        impl Fmt32Path for $name {
+            type W = $w;
+            type A = $a;
+            fn scalar_dot(w: &[$w], a: &[$a]) -> f32 {
+                $dot(w, a)
+            }
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn avx2_rows(
+                w: &[$w],
+                rows: usize,
+                acts: &Acts32<$a>,
+                r0: usize,
+                r1: usize,
+                out: *mut f32,
+            ) {
+                crate::quant::dot::avx2::matmul_rows::<$avx>(w, rows, acts, r0, r1, out)
+            }
+        }
+    };
+}
+
+fmt32!(
+    Q4_0Fmt,
+    BlockQ4_0,
+    BlockQ8_0,
+    scalar::dot_q4_0_q8_0,
+    crate::quant::dot::avx2::Q4_0
+);
+fmt32!(
+    Q4_1Fmt,
+    BlockQ4_1,
+    BlockQ8_1,
+    scalar::dot_q4_1_q8_1,
+    crate::quant::dot::avx2::Q4_1
+);
+fmt32!(
+    Q8_0Fmt,
+    BlockQ8_0,
+    BlockQ8_0,
+    scalar::dot_q8_0_q8_0,
+    crate::quant::dot::avx2::Q8_0
+);
+
+fn rows_32<F: Fmt32Path>(
+    path: Path,
+    w: &[F::W],
+    rows: usize,
+    acts: &Acts32<F::A>,
+    r0: usize,
+    r1: usize,
+    out: SyncPtr<f32>,
+) {
+    let nb = acts.nb;
+    match path {
+        Path::Scalar => {
+            for i in 0..acts.m {
+                let a = &acts.blocks[i * nb..(i + 1) * nb];
+                for j in r0..r1 {
+                    let v = F::scalar_dot(&w[j * nb..(j + 1) * nb], a);
+                    // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
+                    unsafe { *out.0.add(i * rows + j) = v };
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the AVX2 path is chosen only when the CPU has the features; shapes were
+        // checked in `matmul_on`; this thread owns columns r0..r1.
+        Path::Avx2 => unsafe { F::avx2_rows(w, rows, acts, r0, r1, out.0) },
+    }
+}
+
+/// Ties a k-quant weight format to its scalar dot and its AVX2 format.
+trait FmtKPath {
+    type W: bytemuck::Pod;
+    fn scalar_dot(w: &[Self::W], a: &[BlockQ8K]) -> f32;
+    /// # Safety
+    /// See `avx2_k::matmul_rows`.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn avx2_rows(
+        w: &[Self::W],
+        rows: usize,
+        acts: &[BlockQ8K],
+        m: usize,
+        r0: usize,
+        r1: usize,
+        out: *mut f32,
+    );
+}
+
+macro_rules! fmtk {
+    ($name:ident, $w:ty, $dot:path, $avx:ty) => {
+        struct $name;
+        impl FmtKPath for $name {
+            type W = $w;
+            fn scalar_dot(w: &[$w], a: &[BlockQ8K]) -> f32 {
+                $dot(w, a)
+            }
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn avx2_rows(
+                w: &[$w],
+                rows: usize,
+                acts: &[BlockQ8K],
+                m: usize,
+                r0: usize,
+                r1: usize,
+                out: *mut f32,
+            ) {
+                crate::quant::dot::avx2_k::matmul_rows::<$avx>(w, rows, acts, m, r0, r1, out)
+            }
+        }
+    };
+}
+
+fmtk!(
+    Q4KFmt,
+    BlockQ4K,
+    scalar::dot_q4k_q8k,
+    crate::quant::dot::avx2_k::Q4K
+);
+fmtk!(
+    Q5KFmt,
+    BlockQ5K,
+    scalar::dot_q5k_q8k,
+    crate::quant::dot::avx2_k::Q5K
+);
+fmtk!(
+    Q6KFmt,
+    BlockQ6K,
+    scalar::dot_q6k_q8k,
+    crate::quant::dot::avx2_k::Q6K
+);
+
+#[allow(clippy::too_many_arguments)]
+fn rows_k<F: FmtKPath>(
+    path: Path,
+    w: &[F::W],
+    rows: usize,
+    acts: &[BlockQ8K],
+    m: usize,
+    r0: usize,
+    r1: usize,
+    out: SyncPtr<f32>,
+) {
+    let nb = acts.len() / m;
+    match path {
+        Path::Scalar => {
+            for i in 0..m {
+                let a = &acts[i * nb..(i + 1) * nb];
+                for j in r0..r1 {
+                    let v = F::scalar_dot(&w[j * nb..(j + 1) * nb], a);
+                    // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
+                    unsafe { *out.0.add(i * rows + j) = v };
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `rows_32`.
+        Path::Avx2 => unsafe { F::avx2_rows(w, rows, acts, m, r0, r1, out.0) },
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rows_float(
+    path: Path,
+    dtype: DType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    m: usize,
+    r0: usize,
+    r1: usize,
+    out: SyncPtr<f32>,
+) {
+    let row_bytes = cols * dtype.type_size();
+    match path {
+        Path::Scalar => {
+            let dot = match dtype {
+                DType::F16 => scalar::dot_f16,
+                DType::BF16 => scalar::dot_bf16,
+                _ => scalar::dot_f32,
+            };
+            for i in 0..m {
+                let xr = &x[i * cols..(i + 1) * cols];
+                for j in r0..r1 {
+                    let v = dot(&w[j * row_bytes..(j + 1) * row_bytes], xr);
+                    // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
+                    unsafe { *out.0.add(i * rows + j) = v };
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `rows_32`.
+        Path::Avx2 => unsafe {
+            use crate::quant::dot::avx2_float::{matmul_rows, BF16, F16, F32};
+            match dtype {
+                DType::F16 => matmul_rows::<F16>(w, rows, cols, x, m, r0, r1, out.0),
+                DType::BF16 => matmul_rows::<BF16>(w, rows, cols, x, m, r0, r1, out.0),
+                _ => matmul_rows::<F32>(w, rows, cols, x, m, r0, r1, out.0),
+            }
+        },
+    }
+}

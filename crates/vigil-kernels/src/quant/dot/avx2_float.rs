@@ -1,0 +1,157 @@
+//! AVX2 tiles for float weights (F32, F16 via F16C, BF16 by shifting) × f32 activations.
+//!
+//! Per (activation row, weight row) pair: one 8-lane FMA accumulator over the chunks of 8 in
+//! order, the lanes summed by `hsum8`'s fixed tree, then the `cols % 8` tail added in order.
+//! Every tile shape runs exactly that sequence per pair, so results do not depend on batching.
+
+// Index loops mirror the block layouts and the tile shapes.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+const ROW_CHUNK: usize = 64;
+
+/// A float weight element format.
+pub trait FloatW {
+    const BYTES: usize;
+    /// 8 weights starting at `p`, as f32.
+    ///
+    /// # Safety
+    /// AVX2+F16C; `p` addresses `8 * BYTES` readable bytes.
+    unsafe fn load8(p: *const u8) -> __m256;
+    /// One weight at `p`.
+    ///
+    /// # Safety
+    /// `p` addresses `BYTES` readable bytes.
+    unsafe fn load1(p: *const u8) -> f32;
+}
+
+pub struct F32;
+pub struct F16;
+pub struct BF16;
+
+impl FloatW for F32 {
+    const BYTES: usize = 4;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        _mm256_loadu_ps(p.cast())
+    }
+    #[inline]
+    unsafe fn load1(p: *const u8) -> f32 {
+        f32::from_bits(u32::from_le_bytes(p.cast::<[u8; 4]>().read()))
+    }
+}
+
+impl FloatW for F16 {
+    const BYTES: usize = 2;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    }
+    #[inline]
+    unsafe fn load1(p: *const u8) -> f32 {
+        half::f16::from_le_bytes(p.cast::<[u8; 2]>().read()).to_f32()
+    }
+}
+
+impl FloatW for BF16 {
+    const BYTES: usize = 2;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+    }
+    #[inline]
+    unsafe fn load1(p: *const u8) -> f32 {
+        half::bf16::from_le_bytes(p.cast::<[u8; 2]>().read()).to_f32()
+    }
+}
+
+/// The fixed lane-summing tree every float pair ends with.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum8(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// The 8 pairs `(i = k % MR, j = k / MR)` of one tile.
+///
+/// # Safety
+/// AVX2+FMA+F16C; every pointer addresses `cols` elements.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<W: FloatW, const MR: usize, const NR: usize>(
+    w: &[*const u8; NR],
+    x: &[*const f32; MR],
+    cols: usize,
+) -> [f32; 8] {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let n8 = cols / 8 * 8;
+    for k in (0..n8).step_by(8) {
+        let mut xv = [_mm256_setzero_ps(); MR];
+        for i in 0..MR {
+            xv[i] = _mm256_loadu_ps(x[i].add(k));
+        }
+        for j in 0..NR {
+            let wv = W::load8(w[j].add(k * W::BYTES));
+            for i in 0..MR {
+                acc[j * MR + i] = _mm256_fmadd_ps(wv, xv[i], acc[j * MR + i]);
+            }
+        }
+    }
+    let mut r = [0f32; 8];
+    for (p, rp) in r.iter_mut().enumerate() {
+        let (i, j) = (p % MR, p / MR);
+        let mut s = hsum8(acc[p]);
+        for k in n8..cols {
+            s += W::load1(w[j].add(k * W::BYTES)) * *x[i].add(k);
+        }
+        *rp = s;
+    }
+    r
+}
+
+/// `out[i * rows + j]` for all `m` activation rows and weight rows `j in r0..r1`.
+///
+/// # Safety
+/// AVX2+FMA+F16C; `w` holds `rows * cols` elements; `x` holds `m * cols`; `out` addresses
+/// `m * rows` floats and no other thread writes columns `r0..r1`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_rows<W: FloatW>(
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    m: usize,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    let wrow = |j: usize| w.as_ptr().add(j.min(r1 - 1) * cols * W::BYTES);
+    let xrow = |i: usize| x.as_ptr().add(i * cols);
+    let m4 = m / 4 * 4;
+    for c0 in (0..m4).step_by(ROW_CHUNK) {
+        let c1 = (c0 + ROW_CHUNK).min(m4);
+        for j0 in (r0..r1).step_by(2) {
+            let wp = [wrow(j0), wrow(j0 + 1)];
+            for i0 in (c0..c1).step_by(4) {
+                let xp = [xrow(i0), xrow(i0 + 1), xrow(i0 + 2), xrow(i0 + 3)];
+                let r = tile::<W, 4, 2>(&wp, &xp, cols);
+                super::avx2::store(out, rows, &r, 4, i0, j0, r1);
+            }
+        }
+    }
+    for i0 in m4..m {
+        for j0 in (r0..r1).step_by(8) {
+            let wp: [*const u8; 8] = std::array::from_fn(|k| wrow(j0 + k));
+            let r = tile::<W, 1, 8>(&wp, &[xrow(i0)], cols);
+            super::avx2::store(out, rows, &r, 1, i0, j0, r1);
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Dot products of one weight row with one activation row, for every weight format, and the
+//! per-element arithmetic contract every path follows.
+//!
+//! Quantized formats (Q4_0, Q4_1, Q8_0 with 32-value blocks; Q4_K, Q5_K, Q6_K with 256-value
+//! super-blocks) compute, per block, an exact integer dot product of the weight and activation
+//! quants, then fold it into an f32 sum in block order with the formulas below
+//! (`acc_*`). Integer arithmetic is exact and the float operations are the same IEEE operations
+//! in the same order on every path, so the scalar path (`scalar`) and the AVX2 tiles (`avx2`,
+//! `avx2_k`) give bit-identical results, and a result does not depend on which tile shape or
+//! thread computed it.
+//!
+//! Float formats (F32, F16, BF16) are reduced differently per path: the scalar path sums in
+//! order; the AVX2 path keeps 8 FMA lanes over chunks of 8, sums the lanes with a fixed tree
+//! (`avx2_float::hsum8`), then adds the tail in order. Within a path the order per element is
+//! fixed; across paths results agree to float rounding (tests use 1e-5 of Σ|w·x|).
+
+pub mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_float;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_k;
+
+/// Q4_0 / Q8_0 weights × Q8_0 activations: `sum += sumi * (dx * dy)`.
+#[inline(always)]
+pub fn acc_q8(sum: f32, sumi: i32, dx: f32, dy: f32) -> f32 {
+    sum + sumi as f32 * (dx * dy)
+}
+
+/// Q4_1 weights × Q8_1 activations: `sum += sumi * (dx * dy) + mx * sy`.
+#[inline(always)]
+pub fn acc_q4_1(sum: f32, sumi: i32, dx: f32, dy: f32, mx: f32, sy: f32) -> f32 {
+    sum + (sumi as f32 * (dx * dy) + mx * sy)
+}
+
+/// Q4_K / Q5_K × Q8_K: `sum += (dx * dy) * sumi - (dminx * dy) * summ`, where `sumi` is the
+/// scale-weighted quant dot and `summ` the min-weighted activation sums.
+#[inline(always)]
+pub fn acc_k(sum: f32, sumi: i32, summ: i32, dx: f32, dmin: f32, dy: f32) -> f32 {
+    sum + ((dx * dy) * sumi as f32 - (dmin * dy) * summ as f32)
+}
+
+/// Q6_K × Q8_K: `sum += (dx * dy) * sumi`.
+#[inline(always)]
+pub fn acc_q6k(sum: f32, sumi: i32, dx: f32, dy: f32) -> f32 {
+    sum + (dx * dy) * sumi as f32
+}
+
+/// The 6-bit scale and min of sub-block `j` of a Q4_K / Q5_K super-block (ggml's
+/// `get_scale_min_k4`).
+#[inline(always)]
+pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// `Σ_j mins[j] * (bsums[2j] + bsums[2j+1])`: the activation sums the Q4_K/Q5_K mins scale.
+#[inline(always)]
+pub fn k_min_sum(mins: &[u8; 8], bsums: &[i16; 16]) -> i32 {
+    (0..8)
+        .map(|j| mins[j] as i32 * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32))
+        .sum()
+}
+
+/// All 8 scales and mins of a Q4_K / Q5_K super-block.
+#[inline(always)]
+pub fn scales_mins_k4(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    for j in 0..8 {
+        (sc[j], mn[j]) = scale_min_k4(j, q);
+    }
+    (sc, mn)
+}
+
+/// Quantized activations for the 32-value formats as the tiles read them: `m` rows of `nb`
+/// blocks, plus each block's scale (and Q8_1 sum, Q8_0 quant sum) as f32/i32 laid out
+/// `[block][row]` so a tile loads its rows' values with one vector load.
+pub struct Acts32<'a, A> {
+    pub blocks: &'a [A],
+    pub d: &'a [f32],
+    pub s: &'a [f32],
+    pub ysum: &'a [i32],
+    pub m: usize,
+    pub nb: usize,
+}
