@@ -105,6 +105,6 @@ fn bf16_checkpoints_match_transformers() {
 #[test]
 fn f16_kv_and_q8_0_within_stated_bounds() {
     check("qwen3", LoadQuantization::AsStored, KvDtype::F16, 5e-3);
-    check("llama", LoadQuantization::Q8_0, KvDtype::F16, 3e-2);
-    check("qwen3_moe", LoadQuantization::Q8_0, KvDtype::F16, 3e-2);
+    check("llama", LoadQuantization::Q8_0, KvDtype::F16, 5e-2);
+    check("qwen3_moe", LoadQuantization::Q8_0, KvDtype::F16, 5e-2);
 }
