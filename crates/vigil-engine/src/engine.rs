@@ -30,13 +30,26 @@ pub struct LlmEngine {
 impl LlmEngine {
     pub fn new(runner: ModelRunner, config: SchedulerConfig) -> Self {
         let pool = SharedBlockPool::new(runner.kv.num_blocks, runner.kv.block_size);
-        LlmEngine { runner, pool, scheduler: Scheduler::new(config), seqs: HashMap::new(), next_id: 1, logits_row: Vec::new() }
+        LlmEngine {
+            runner,
+            pool,
+            scheduler: Scheduler::new(config),
+            seqs: HashMap::new(),
+            next_id: 1,
+            logits_row: Vec::new(),
+        }
     }
 
-    pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams, stop: StopCriteria) -> SeqId {
+    pub fn add_request(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        stop: StopCriteria,
+    ) -> SeqId {
         let id = self.next_id;
         self.next_id += 1;
-        self.seqs.insert(id, Sequence::new(id, prompt, params, stop));
+        self.seqs
+            .insert(id, Sequence::new(id, prompt, params, stop));
         self.scheduler.add(id);
         id
     }
@@ -73,9 +86,12 @@ impl LlmEngine {
         let vocab = step.vocab_size;
         let mut outputs = Vec::with_capacity(step.seq_ids.len());
         for (row, &id) in step.seq_ids.iter().enumerate() {
-            let Some(seq) = self.seqs.get_mut(&id) else { continue };
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                continue;
+            };
             self.logits_row.clear();
-            self.logits_row.extend_from_slice(&step.logits[row * vocab..(row + 1) * vocab]);
+            self.logits_row
+                .extend_from_slice(&step.logits[row * vocab..(row + 1) * vocab]);
             let out = seq.sample_and_append(&mut self.logits_row);
             let finished = seq.check_stop();
             if let Some(reason) = finished {
@@ -83,14 +99,24 @@ impl LlmEngine {
                 seq.table = None;
                 self.scheduler.remove(id);
             }
-            outputs.push(TokenOutput { seq_id: id, token: out.token, logprob: out.logprob, top_logprobs: out.top_logprobs, finished });
+            outputs.push(TokenOutput {
+                seq_id: id,
+                token: out.token,
+                logprob: out.logprob,
+                top_logprobs: out.top_logprobs,
+                finished,
+            });
         }
         outputs
     }
 
     /// Check the block-accounting invariant against every live table.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let tables: Vec<_> = self.seqs.values().filter_map(|s| s.table.as_ref()).collect();
+        let tables: Vec<_> = self
+            .seqs
+            .values()
+            .filter_map(|s| s.table.as_ref())
+            .collect();
         self.pool.check_invariants(&tables)
     }
 }

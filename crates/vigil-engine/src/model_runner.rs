@@ -25,11 +25,19 @@ pub struct StepLogits<'a> {
 
 impl ModelRunner {
     pub fn new(model: Model, kv: KvCache) -> Self {
-        ModelRunner { model, kv, input: StepInput::default() }
+        ModelRunner {
+            model,
+            kv,
+            input: StepInput::default(),
+        }
     }
 
     /// Build the step input for `plan`, advancing each sequence's `num_computed_tokens`.
-    pub fn prepare(&mut self, plan: &StepPlan, seqs: &mut HashMap<SeqId, Sequence>) -> Result<Vec<SeqId>, OutOfBlocks> {
+    pub fn prepare(
+        &mut self,
+        plan: &StepPlan,
+        seqs: &mut HashMap<SeqId, Sequence>,
+    ) -> Result<Vec<SeqId>, OutOfBlocks> {
         let inp = &mut self.input;
         inp.token_ids.clear();
         inp.positions.clear();
@@ -38,9 +46,13 @@ impl ModelRunner {
         inp.seqs.clear();
         let mut sampling = Vec::new();
         for s in &plan.seqs {
-            let Some(seq) = seqs.get_mut(&s.seq_id) else { continue };
+            let Some(seq) = seqs.get_mut(&s.seq_id) else {
+                continue;
+            };
             let num_tokens = seq.num_tokens();
-            let Some(table) = seq.table.as_mut() else { continue };
+            let Some(table) = seq.table.as_mut() else {
+                continue;
+            };
             let start = seq.num_computed_tokens;
             let end = start + s.num_tokens;
             // The table may already hold slots for these tokens (prefix hits cover whole blocks
@@ -57,7 +69,11 @@ impl ModelRunner {
                 inp.positions.push(pos as u32);
                 inp.slot_mapping.push(table.slot(pos).unwrap_or(0) as u32);
             }
-            inp.seqs.push(SeqInput { query_len: s.num_tokens, context_len: end, block_table: table.block_ids().to_vec() });
+            inp.seqs.push(SeqInput {
+                query_len: s.num_tokens,
+                context_len: end,
+                block_table: table.block_ids().to_vec(),
+            });
             seq.num_computed_tokens = end;
             if end == num_tokens {
                 inp.sample_rows.push(inp.token_ids.len() - 1);
@@ -70,10 +86,17 @@ impl ModelRunner {
     }
 
     pub fn run(&mut self, sampling: Vec<SeqId>) -> StepLogits<'_> {
-        debug_assert!(self.input.validate(self.kv.block_size, self.kv.num_blocks).is_ok());
+        debug_assert!(self
+            .input
+            .validate(self.kv.block_size, self.kv.num_blocks)
+            .is_ok());
         let vocab_size = self.model.config.vocab_size;
         let logits = self.model.forward(&self.input, &mut self.kv);
-        StepLogits { seq_ids: sampling, logits, vocab_size }
+        StepLogits {
+            seq_ids: sampling,
+            logits,
+            vocab_size,
+        }
     }
 
     pub fn num_step_tokens(&self) -> usize {

@@ -19,7 +19,12 @@ pub struct SchedulerConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        SchedulerConfig { max_batched_tokens: 512, max_seqs: 64, watermark: 0.01, enable_prefix_cache: true }
+        SchedulerConfig {
+            max_batched_tokens: 512,
+            max_seqs: 64,
+            watermark: 0.01,
+            enable_prefix_cache: true,
+        }
     }
 }
 
@@ -45,7 +50,12 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
-        Scheduler { config, waiting: VecDeque::new(), running: Vec::new(), num_preemptions: 0 }
+        Scheduler {
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            num_preemptions: 0,
+        }
     }
 
     pub fn add(&mut self, id: SeqId) {
@@ -61,7 +71,11 @@ impl Scheduler {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
-    pub fn schedule(&mut self, seqs: &mut HashMap<SeqId, Sequence>, pool: &SharedBlockPool) -> StepPlan {
+    pub fn schedule(
+        &mut self,
+        seqs: &mut HashMap<SeqId, Sequence>,
+        pool: &SharedBlockPool,
+    ) -> StepPlan {
         let mut plan = StepPlan::default();
         let mut budget = self.config.max_batched_tokens;
 
@@ -81,13 +95,18 @@ impl Scheduler {
             let needed = seq.table.as_ref().map_or(0, |t| t.blocks_needed(n));
             if needed > pool.borrow().num_free_blocks() {
                 // Preempt the newest running sequence (possibly this one) and retry.
-                let Some(victim) = self.running.pop() else { break };
+                let Some(victim) = self.running.pop() else {
+                    break;
+                };
                 self.preempt(victim, seqs);
                 plan.preempted.push(victim);
                 plan.seqs.retain(|s| s.seq_id != victim);
                 continue;
             }
-            plan.seqs.push(ScheduledSeq { seq_id: id, num_tokens: n });
+            plan.seqs.push(ScheduledSeq {
+                seq_id: id,
+                num_tokens: n,
+            });
             budget -= n;
             i += 1;
         }
@@ -95,7 +114,9 @@ impl Scheduler {
         // Then waiting sequences, in arrival order, while budget and blocks last.
         let watermark = pool.borrow().watermark_blocks(self.config.watermark);
         while budget > 0 && self.running.len() < self.config.max_seqs && plan.preempted.is_empty() {
-            let Some(&id) = self.waiting.front() else { break };
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
             let Some(seq) = seqs.get_mut(&id) else {
                 self.waiting.pop_front();
                 continue;
@@ -107,7 +128,10 @@ impl Scheduler {
             };
             let cached = table.num_tokens();
             let n = (seq.num_tokens() - cached).min(budget);
-            if !pool.borrow().can_allocate(table.blocks_needed(n), watermark) {
+            if !pool
+                .borrow()
+                .can_allocate(table.blocks_needed(n), watermark)
+            {
                 break; // `table` drops here, releasing its prefix hits.
             }
             self.waiting.pop_front();
@@ -116,7 +140,10 @@ impl Scheduler {
             seq.table = Some(table);
             seq.status = SeqStatus::Running;
             self.running.push(id);
-            plan.seqs.push(ScheduledSeq { seq_id: id, num_tokens: n });
+            plan.seqs.push(ScheduledSeq {
+                seq_id: id,
+                num_tokens: n,
+            });
             budget -= n;
         }
         plan

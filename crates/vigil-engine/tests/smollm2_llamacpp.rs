@@ -47,11 +47,16 @@ fn gguf_path() -> Option<PathBuf> {
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn cases() -> Vec<Case> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2/llamacpp_refs.json");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/smollm2/llamacpp_refs.json");
     let refs: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     refs["cases"]
         .as_array()
@@ -62,16 +67,45 @@ fn cases() -> Vec<Case> {
             prompt_text: c["prompt_text"].as_str().unwrap().to_string(),
             prompt_ids: ids(&c["prompt_ids"]),
             greedy_ids: ids(&c["greedy_ids"]),
-            greedy_margins: c["greedy_margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect(),
+            greedy_margins: c["greedy_margins"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect(),
             sequence_ids: ids(&c["sequence_ids"]),
-            top_ids: c["positions"].as_array().unwrap().iter().map(|p| ids(&p["ids"])).collect(),
-            top_logits: c["positions"].as_array().unwrap().iter().map(|p| p["logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()).collect(),
+            top_ids: c["positions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| ids(&p["ids"]))
+                .collect(),
+            top_logits: c["positions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    p["logits"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_f64().unwrap() as f32)
+                        .collect()
+                })
+                .collect(),
         })
         .collect()
 }
 
 fn load_smollm2(path: &Path) -> LoadedModel {
-    load(path, &LoadOptions { threads: Some(2), ..LoadOptions::default() }).unwrap()
+    load(
+        path,
+        &LoadOptions {
+            threads: Some(2),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap()
 }
 
 fn top_n(row: &[f32], n: usize) -> Vec<u32> {
@@ -86,7 +120,12 @@ fn tokenization_matches_llamacpp() {
     let Some(path) = gguf_path() else { return };
     let loaded = load_smollm2(&path);
     for c in cases() {
-        assert_eq!(loaded.tokenizer.encode(&c.prompt_text, false).unwrap(), c.prompt_ids, "{}", c.name);
+        assert_eq!(
+            loaded.tokenizer.encode(&c.prompt_text, false).unwrap(),
+            c.prompt_ids,
+            "{}",
+            c.name
+        );
     }
 }
 
@@ -100,11 +139,21 @@ fn teacher_forced_top1_agrees_with_llamacpp() {
         let n = c.sequence_ids.len();
         let block_size = 16;
         let blocks = n.div_ceil(block_size);
-        let mut kv = KvCache::new(model.config.num_layers, model.config.kv_dim(), blocks, block_size, KvDtype::F16);
+        let mut kv = KvCache::new(
+            model.config.num_layers,
+            model.config.kv_dim(),
+            blocks,
+            block_size,
+            KvDtype::F16,
+        );
         let input = StepInput {
             token_ids: c.sequence_ids.clone(),
             positions: (0..n as u32).collect(),
-            seqs: vec![SeqInput { query_len: n, context_len: n, block_table: (0..blocks as u32).collect() }],
+            seqs: vec![SeqInput {
+                query_len: n,
+                context_len: n,
+                block_table: (0..blocks as u32).collect(),
+            }],
             slot_mapping: (0..n as u32).collect(),
             sample_rows: (0..n).collect(),
         };
@@ -120,14 +169,32 @@ fn teacher_forced_top1_agrees_with_llamacpp() {
             if ours[0] == reference[0] {
                 agree += 1;
             } else {
-                eprintln!("{} position {i}: ours {ours:?}, llama.cpp top-5 {reference:?}", c.name);
-                assert!(ours.contains(&reference[0]), "{} position {i}: llama.cpp's top-1 {} not in our top 3 {ours:?}", c.name, reference[0]);
+                eprintln!(
+                    "{} position {i}: ours {ours:?}, llama.cpp top-5 {reference:?}",
+                    c.name
+                );
+                assert!(
+                    ours.contains(&reference[0]),
+                    "{} position {i}: llama.cpp's top-1 {} not in our top 3 {ours:?}",
+                    c.name,
+                    reference[0]
+                );
                 let margin = c.top_logits[i][0] - c.top_logits[i][1];
-                assert!(margin < NEAR_TIE, "{} position {i}: top-1 differs where llama.cpp's margin is {margin}", c.name);
+                assert!(
+                    margin < NEAR_TIE,
+                    "{} position {i}: top-1 differs where llama.cpp's margin is {margin}",
+                    c.name
+                );
             }
         }
         diffs.sort_by(f32::total_cmp);
-        eprintln!("{}: |Δlogit| on llama.cpp's top-5: median {:.3}, p90 {:.3}, max {:.3}", c.name, diffs[diffs.len() / 2], diffs[diffs.len() * 9 / 10], diffs[diffs.len() - 1]);
+        eprintln!(
+            "{}: |Δlogit| on llama.cpp's top-5: median {:.3}, p90 {:.3}, max {:.3}",
+            c.name,
+            diffs[diffs.len() / 2],
+            diffs[diffs.len() * 9 / 10],
+            diffs[diffs.len() - 1]
+        );
     }
     let rate = agree as f64 / total as f64;
     eprintln!("top-1 agreement: {agree}/{total} = {:.2}%", rate * 100.0);
@@ -138,12 +205,22 @@ fn teacher_forced_top1_agrees_with_llamacpp() {
 fn greedy_continuations_match_llamacpp() {
     let Some(path) = gguf_path() else { return };
     let LoadedModel { model, .. } = load_smollm2(&path);
-    let kv = KvCache::new(model.config.num_layers, model.config.kv_dim(), 64, 16, KvDtype::F16);
+    let kv = KvCache::new(
+        model.config.num_layers,
+        model.config.kv_dim(),
+        64,
+        16,
+        KvDtype::F16,
+    );
     let mut engine = LlmEngine::new(ModelRunner::new(model, kv), SchedulerConfig::default());
     let mut identical = 0;
     let all = cases();
     for c in &all {
-        let stop = StopCriteria { max_tokens: c.greedy_ids.len(), stop_token_ids: vec![], ignore_eos: true };
+        let stop = StopCriteria {
+            max_tokens: c.greedy_ids.len(),
+            stop_token_ids: vec![],
+            ignore_eos: true,
+        };
         let id = engine.add_request(c.prompt_ids.clone(), SamplingParams::default(), stop);
         while engine.has_work() {
             engine.step();
@@ -155,11 +232,21 @@ fn greedy_continuations_match_llamacpp() {
             None => identical += 1,
             Some(step) => {
                 let margin = c.greedy_margins[step];
-                eprintln!("{}: diverges at step {step} (llama.cpp margin {margin:.3})", c.name);
-                assert!(margin < NEAR_TIE, "{}: greedy diverges at step {step} where llama.cpp's margin is {margin}", c.name);
+                eprintln!(
+                    "{}: diverges at step {step} (llama.cpp margin {margin:.3})",
+                    c.name
+                );
+                assert!(
+                    margin < NEAR_TIE,
+                    "{}: greedy diverges at step {step} where llama.cpp's margin is {margin}",
+                    c.name
+                );
             }
         }
         engine.check_invariants().unwrap();
     }
-    eprintln!("identical 32-token greedy continuations: {identical}/{}", all.len());
+    eprintln!(
+        "identical 32-token greedy continuations: {identical}/{}",
+        all.len()
+    );
 }

@@ -54,13 +54,26 @@ pub struct AttnShape {
 }
 
 /// Write K and V rows of the new tokens into their cache slots.
-pub fn write_kv<E: KvElem>(k_cache: &mut [E], v_cache: &mut [E], k: &[f32], v: &[f32], slot_mapping: &[u32], kv_dim: usize) {
+pub fn write_kv<E: KvElem>(
+    k_cache: &mut [E],
+    v_cache: &mut [E],
+    k: &[f32],
+    v: &[f32],
+    slot_mapping: &[u32],
+    kv_dim: usize,
+) {
     for (t, &slot) in slot_mapping.iter().enumerate() {
         let dst = slot as usize * kv_dim;
-        for (d, s) in k_cache[dst..dst + kv_dim].iter_mut().zip(&k[t * kv_dim..(t + 1) * kv_dim]) {
+        for (d, s) in k_cache[dst..dst + kv_dim]
+            .iter_mut()
+            .zip(&k[t * kv_dim..(t + 1) * kv_dim])
+        {
             *d = E::from_f32(*s);
         }
-        for (d, s) in v_cache[dst..dst + kv_dim].iter_mut().zip(&v[t * kv_dim..(t + 1) * kv_dim]) {
+        for (d, s) in v_cache[dst..dst + kv_dim]
+            .iter_mut()
+            .zip(&v[t * kv_dim..(t + 1) * kv_dim])
+        {
             *d = E::from_f32(*s);
         }
     }
@@ -98,8 +111,18 @@ pub fn paged_attention<E: KvElem>(
         let pos = seq.context_len - seq.query_len + (row - seq.query_start);
         let q_head = &q[row * q_dim + head * shape.head_dim..][..shape.head_dim];
         // SAFETY: each task owns one (row, head) slice of `out`.
-        let out_head = unsafe { out_ptr.slice(row * q_dim + head * shape.head_dim, shape.head_dim) };
-        attend_one(shape, head, q_head, k_cache, v_cache, seq.block_table, pos + 1, out_head);
+        let out_head =
+            unsafe { out_ptr.slice(row * q_dim + head * shape.head_dim, shape.head_dim) };
+        attend_one(
+            shape,
+            head,
+            q_head,
+            k_cache,
+            v_cache,
+            seq.block_table,
+            pos + 1,
+            out_head,
+        );
     });
 }
 
@@ -119,7 +142,8 @@ fn attend_one<E: KvElem>(
     let kv_head = head / (shape.num_heads / shape.num_kv_heads);
     let scale = 1.0 / (d as f32).sqrt();
     let key_row = |p: usize| {
-        let slot = block_table[p / shape.block_size] as usize * shape.block_size + p % shape.block_size;
+        let slot =
+            block_table[p / shape.block_size] as usize * shape.block_size + p % shape.block_size;
         slot * kv_dim + kv_head * d
     };
     SCORES.with(|cell| {

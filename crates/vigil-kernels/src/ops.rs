@@ -30,7 +30,11 @@ pub fn rope(x: &mut [f32], head_dim: usize, pos: u32, inv_freq: &[f32], interlea
         for (i, &freq) in inv_freq.iter().enumerate().take(half) {
             let angle = pos as f32 * freq;
             let (sin, cos) = angle.sin_cos();
-            let (a, b) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+            let (a, b) = if interleaved {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + half)
+            };
             let (x0, x1) = (head[a], head[b]);
             head[a] = x0 * cos - x1 * sin;
             head[b] = x0 * sin + x1 * cos;

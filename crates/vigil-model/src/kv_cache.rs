@@ -32,13 +32,32 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(num_layers: usize, kv_dim: usize, num_blocks: usize, block_size: usize, dtype: KvDtype) -> Self {
+    pub fn new(
+        num_layers: usize,
+        kv_dim: usize,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> Self {
         let n = num_blocks * block_size * kv_dim;
         let layers = match dtype {
-            KvDtype::F16 => KvLayers::F16((0..num_layers).map(|_| [vec![f16::ZERO; n], vec![f16::ZERO; n]]).collect()),
-            KvDtype::F32 => KvLayers::F32((0..num_layers).map(|_| [vec![0.0; n], vec![0.0; n]]).collect()),
+            KvDtype::F16 => KvLayers::F16(
+                (0..num_layers)
+                    .map(|_| [vec![f16::ZERO; n], vec![f16::ZERO; n]])
+                    .collect(),
+            ),
+            KvDtype::F32 => KvLayers::F32(
+                (0..num_layers)
+                    .map(|_| [vec![0.0; n], vec![0.0; n]])
+                    .collect(),
+            ),
         };
-        KvCache { num_blocks, block_size, kv_dim, layers }
+        KvCache {
+            num_blocks,
+            block_size,
+            kv_dim,
+            layers,
+        }
     }
 
     /// Bytes one token occupies across all layers (K and V).
@@ -50,10 +69,20 @@ impl KvCache {
     /// (copy-on-write of a shared partial block).
     pub fn copy_block(&mut self, src: u32, dst: u32, num_tokens: usize) {
         let row = self.block_size * self.kv_dim;
-        let (s, d, n) = (src as usize * row, dst as usize * row, num_tokens * self.kv_dim);
+        let (s, d, n) = (
+            src as usize * row,
+            dst as usize * row,
+            num_tokens * self.kv_dim,
+        );
         match &mut self.layers {
-            KvLayers::F16(layers) => layers.iter_mut().flatten().for_each(|t| t.copy_within(s..s + n, d)),
-            KvLayers::F32(layers) => layers.iter_mut().flatten().for_each(|t| t.copy_within(s..s + n, d)),
+            KvLayers::F16(layers) => layers
+                .iter_mut()
+                .flatten()
+                .for_each(|t| t.copy_within(s..s + n, d)),
+            KvLayers::F32(layers) => layers
+                .iter_mut()
+                .flatten()
+                .for_each(|t| t.copy_within(s..s + n, d)),
         }
     }
 }

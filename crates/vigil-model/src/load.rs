@@ -31,7 +31,10 @@ pub fn parse_quantize(s: Option<&str>) -> Result<LoadQuantization> {
     match s {
         None | Some("none") => Ok(LoadQuantization::AsStored),
         Some("q8_0") | Some("Q8_0") => Ok(LoadQuantization::Q8_0),
-        Some(other) => Err(ModelError::unsupported("--quantize", format!("'{other}' (supported: q8_0)"))),
+        Some(other) => Err(ModelError::unsupported(
+            "--quantize",
+            format!("'{other}' (supported: q8_0)"),
+        )),
     }
 }
 
@@ -40,32 +43,57 @@ pub fn default_threads() -> usize {
 }
 
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
-    let pool = Arc::new(ThreadPool::new(opts.threads.unwrap_or_else(default_threads)));
+    let pool = Arc::new(ThreadPool::new(
+        opts.threads.unwrap_or_else(default_threads),
+    ));
     let (config, weights, tokenizer) = if path.is_dir() {
         let config = crate::hf::load_hf_config(path)?;
         let store = crate::safetensors_store::SafetensorsStore::open(path)?;
-        let source = crate::source_hf::HfSource { store: &store, dir: path };
+        let source = crate::source_hf::HfSource {
+            store: &store,
+            dir: path,
+        };
         let weights = build_weights(&config, &source, opts.quantize)?;
         (config, weights, Tokenizer::from_hf_dir(path)?)
     } else {
         let file = crate::gguf::GgufFile::open(path)?;
         let config = crate::source_gguf::gguf_config(&file)?;
-        let weights = build_weights(&config, &crate::source_gguf::GgufSource { file: &file }, opts.quantize)?;
+        let weights = build_weights(
+            &config,
+            &crate::source_gguf::GgufSource { file: &file },
+            opts.quantize,
+        )?;
         let tokenizer = Tokenizer::from_gguf_vocab(&crate::source_gguf::gguf_vocab(&file)?)?;
         (config, weights, tokenizer)
     };
     let chat_template = match tokenizer.chat_template() {
-        Some(src) => Some(ChatTemplate::new(src, tokenizer.bos_token(), tokenizer.eos_token())?),
+        Some(src) => Some(ChatTemplate::new(
+            src,
+            tokenizer.bos_token(),
+            tokenizer.eos_token(),
+        )?),
         None => None,
     };
     let max_position_embeddings = config.max_position_embeddings;
     check_vocab(&config, &tokenizer, path)?;
-    Ok(LoadedModel { model: Model::new(config, weights, pool), tokenizer, chat_template, max_position_embeddings })
+    Ok(LoadedModel {
+        model: Model::new(config, weights, pool),
+        tokenizer,
+        chat_template,
+        max_position_embeddings,
+    })
 }
 
 fn check_vocab(config: &ModelConfig, tokenizer: &Tokenizer, path: &Path) -> Result<()> {
     if tokenizer.vocab_size() > config.vocab_size {
-        return Err(ModelError::format(path, format!("tokenizer has {} tokens but the model's vocabulary is {}", tokenizer.vocab_size(), config.vocab_size)));
+        return Err(ModelError::format(
+            path,
+            format!(
+                "tokenizer has {} tokens but the model's vocabulary is {}",
+                tokenizer.vocab_size(),
+                config.vocab_size
+            ),
+        ));
     }
     Ok(())
 }

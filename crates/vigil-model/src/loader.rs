@@ -51,7 +51,11 @@ pub enum LoadQuantization {
     Q8_0,
 }
 
-pub fn build_weights(config: &ModelConfig, src: &dyn TensorSource, quant: LoadQuantization) -> Result<ModelWeights> {
+pub fn build_weights(
+    config: &ModelConfig,
+    src: &dyn TensorSource,
+    quant: LoadQuantization,
+) -> Result<ModelWeights> {
     let q = |m: QMatrix| convert(m, quant);
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
@@ -67,7 +71,10 @@ pub fn build_weights(config: &ModelConfig, src: &dyn TensorSource, quant: LoadQu
                 })
                 .collect::<Result<Vec<_>>>()?;
             // The router stays in its stored precision: its top-k choice is sensitive to rounding.
-            FeedForward::Sparse(Moe { router: src.layer_matrix(i, Part::Router)?, experts })
+            FeedForward::Sparse(Moe {
+                router: src.layer_matrix(i, Part::Router)?,
+                experts,
+            })
         } else {
             FeedForward::Dense(Mlp {
                 gate: q(src.layer_matrix(i, Part::Gate)?)?,
@@ -76,7 +83,10 @@ pub fn build_weights(config: &ModelConfig, src: &dyn TensorSource, quant: LoadQu
             })
         };
         let (q_norm, k_norm) = if config.qk_norm {
-            (Some(src.layer_vector(i, Part::QNorm)?), Some(src.layer_vector(i, Part::KNorm)?))
+            (
+                Some(src.layer_vector(i, Part::QNorm)?),
+                Some(src.layer_vector(i, Part::KNorm)?),
+            )
         } else {
             (None, None)
         };
@@ -100,21 +110,42 @@ pub fn build_weights(config: &ModelConfig, src: &dyn TensorSource, quant: LoadQu
     let mut rope_inv_freq = config.rope_inv_freq();
     if let Some(factors) = src.rope_freq_factors()? {
         if factors.len() != rope_inv_freq.len() {
-            return Err(ModelError::format(src.path(), format!("rope_freqs has {} entries, expected {}", factors.len(), rope_inv_freq.len())));
+            return Err(ModelError::format(
+                src.path(),
+                format!(
+                    "rope_freqs has {} entries, expected {}",
+                    factors.len(),
+                    rope_inv_freq.len()
+                ),
+            ));
         }
         for (f, d) in rope_inv_freq.iter_mut().zip(factors) {
             *f /= d;
         }
     }
     check_shapes(config, &token_embd, &output, src.path())?;
-    Ok(ModelWeights { token_embd, layers, output_norm: src.output_norm()?, output, rope_inv_freq })
+    Ok(ModelWeights {
+        token_embd,
+        layers,
+        output_norm: src.output_norm()?,
+        output,
+        rope_inv_freq,
+    })
 }
 
-fn check_shapes(c: &ModelConfig, embd: &QMatrix, out: &QMatrix, path: &std::path::Path) -> Result<()> {
+fn check_shapes(
+    c: &ModelConfig,
+    embd: &QMatrix,
+    out: &QMatrix,
+    path: &std::path::Path,
+) -> Result<()> {
     if embd.cols != c.hidden_size || out.cols != c.hidden_size || out.rows != c.vocab_size {
         return Err(ModelError::format(
             path,
-            format!("embedding {}x{} / output {}x{} do not match hidden {} vocab {}", embd.rows, embd.cols, out.rows, out.cols, c.hidden_size, c.vocab_size),
+            format!(
+                "embedding {}x{} / output {}x{} do not match hidden {} vocab {}",
+                embd.rows, embd.cols, out.rows, out.cols, c.hidden_size, c.vocab_size
+            ),
         ));
     }
     Ok(())
@@ -123,7 +154,7 @@ fn check_shapes(c: &ModelConfig, embd: &QMatrix, out: &QMatrix, path: &std::path
 fn convert(m: QMatrix, quant: LoadQuantization) -> Result<QMatrix> {
     match quant {
         LoadQuantization::AsStored => Ok(m),
-        LoadQuantization::Q8_0 if m.dtype.is_quantized() || m.cols % 32 != 0 => Ok(m),
+        LoadQuantization::Q8_0 if m.dtype.is_quantized() || !m.cols.is_multiple_of(32) => Ok(m),
         LoadQuantization::Q8_0 => Ok(quantize_matrix_q8_0(&m)),
     }
 }
@@ -133,14 +164,27 @@ fn quantize_matrix_q8_0(m: &QMatrix) -> QMatrix {
     use vigil_kernels::quant::{quantize::quantize_row_q8_0, BlockQ8_0};
     use vigil_kernels::storage::AlignedBytes;
     let blocks_per_row = m.cols / 32;
-    let mut bytes = AlignedBytes::zeroed(m.rows * blocks_per_row * std::mem::size_of::<BlockQ8_0>());
+    let mut bytes =
+        AlignedBytes::zeroed(m.rows * blocks_per_row * std::mem::size_of::<BlockQ8_0>());
     let mut row = vec![0f32; m.cols];
-    let mut blocks = vec![BlockQ8_0 { d: half::f16::ZERO, qs: [0; 32] }; blocks_per_row];
+    let mut blocks = vec![
+        BlockQ8_0 {
+            d: half::f16::ZERO,
+            qs: [0; 32]
+        };
+        blocks_per_row
+    ];
     let row_bytes = blocks_per_row * std::mem::size_of::<BlockQ8_0>();
     for r in 0..m.rows {
         vigil_kernels::quant::dequant::dequantize_row(m, r, &mut row);
         quantize_row_q8_0(&row, &mut blocks);
-        bytes.as_bytes_mut()[r * row_bytes..(r + 1) * row_bytes].copy_from_slice(bytemuck::cast_slice(&blocks));
+        bytes.as_bytes_mut()[r * row_bytes..(r + 1) * row_bytes]
+            .copy_from_slice(bytemuck::cast_slice(&blocks));
     }
-    QMatrix { dtype: vigil_kernels::DType::Q8_0, rows: m.rows, cols: m.cols, data: vigil_kernels::WeightData::Owned(std::sync::Arc::new(bytes)) }
+    QMatrix {
+        dtype: vigil_kernels::DType::Q8_0,
+        rows: m.rows,
+        cols: m.cols,
+        data: vigil_kernels::WeightData::Owned(std::sync::Arc::new(bytes)),
+    }
 }

@@ -5,11 +5,13 @@
 use crate::config::{ModelConfig, RopeStyle};
 use crate::kv_cache::{KvCache, KvLayers};
 use crate::step_input::StepInput;
-use crate::weights::{FeedForward, Mlp, Moe, ModelWeights};
+use crate::weights::{FeedForward, Mlp, ModelWeights, Moe};
 use std::sync::Arc;
 use vigil_kernels::attention::{paged_attention, write_kv, AttnSeq, AttnShape, KvElem};
 use vigil_kernels::matmul::matmul;
-use vigil_kernels::ops::{add_inplace, rmsnorm, rmsnorm_rows_inplace, rope, silu_mul_inplace, softmax_inplace};
+use vigil_kernels::ops::{
+    add_inplace, rmsnorm, rmsnorm_rows_inplace, rope, silu_mul_inplace, softmax_inplace,
+};
 use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::quant::dequant::dequantize_row;
 
@@ -50,7 +52,12 @@ pub struct Model {
 
 impl Model {
     pub fn new(config: ModelConfig, weights: ModelWeights, pool: Arc<ThreadPool>) -> Self {
-        Model { config, weights, pool, state: RunState::default() }
+        Model {
+            config,
+            weights,
+            pool,
+            state: RunState::default(),
+        }
     }
 
     pub fn pool(&self) -> &Arc<ThreadPool> {
@@ -76,12 +83,22 @@ impl Model {
             .seqs
             .iter()
             .map(|sq| {
-                let a = AttnSeq { query_start, query_len: sq.query_len, context_len: sq.context_len, block_table: &sq.block_table };
+                let a = AttnSeq {
+                    query_start,
+                    query_len: sq.query_len,
+                    context_len: sq.context_len,
+                    block_table: &sq.block_table,
+                };
                 query_start += sq.query_len;
                 a
             })
             .collect();
-        let shape = AttnShape { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim, block_size: kv.block_size };
+        let shape = AttnShape {
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: kv.block_size,
+        };
         let interleaved = c.rope_style == RopeStyle::Interleaved;
 
         for (li, layer) in w.layers.iter().enumerate() {
@@ -101,13 +118,29 @@ impl Model {
                 rmsnorm_rows_inplace(k, kn, c.rms_norm_eps);
             }
             for (i, &pos) in input.positions.iter().enumerate() {
-                rope(&mut q[i * q_dim..(i + 1) * q_dim], c.head_dim, pos, &w.rope_inv_freq, interleaved);
-                rope(&mut k[i * kv_dim..(i + 1) * kv_dim], c.head_dim, pos, &w.rope_inv_freq, interleaved);
+                rope(
+                    &mut q[i * q_dim..(i + 1) * q_dim],
+                    c.head_dim,
+                    pos,
+                    &w.rope_inv_freq,
+                    interleaved,
+                );
+                rope(
+                    &mut k[i * kv_dim..(i + 1) * kv_dim],
+                    c.head_dim,
+                    pos,
+                    &w.rope_inv_freq,
+                    interleaved,
+                );
             }
             let attn = sized(&mut s.attn, t * q_dim);
             match &mut kv.layers {
-                KvLayers::F16(layers) => attend(pool, shape, &mut layers[li], q, k, v, input, &seqs, attn),
-                KvLayers::F32(layers) => attend(pool, shape, &mut layers[li], q, k, v, input, &seqs, attn),
+                KvLayers::F16(layers) => {
+                    attend(pool, shape, &mut layers[li], q, k, v, input, &seqs, attn)
+                }
+                KvLayers::F32(layers) => {
+                    attend(pool, shape, &mut layers[li], q, k, v, input, &seqs, attn)
+                }
             }
             let proj = sized(&mut s.proj, t * h);
             matmul(pool, &layer.wo, attn, t, proj);
@@ -120,7 +153,9 @@ impl Model {
             }
             let proj = sized(&mut s.proj, t * h);
             match &layer.ffn {
-                FeedForward::Dense(mlp) => mlp_forward(pool, mlp, xn, t, &mut s.gate, &mut s.up, proj),
+                FeedForward::Dense(mlp) => {
+                    mlp_forward(pool, mlp, xn, t, &mut s.gate, &mut s.up, proj)
+                }
                 FeedForward::Sparse(moe) => {
                     let top_k = c.moe.as_ref().map_or(1, |m| m.num_experts_per_tok);
                     let norm_topk = c.moe.as_ref().is_some_and(|m| m.norm_topk_prob);
@@ -168,7 +203,15 @@ fn attend<E: KvElem>(
     paged_attention(pool, shape, q, k_cache, v_cache, seqs, out);
 }
 
-fn mlp_forward(pool: &ThreadPool, mlp: &Mlp, x: &[f32], t: usize, gate: &mut Vec<f32>, up: &mut Vec<f32>, out: &mut [f32]) {
+fn mlp_forward(
+    pool: &ThreadPool,
+    mlp: &Mlp,
+    x: &[f32],
+    t: usize,
+    gate: &mut Vec<f32>,
+    up: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     let inter = mlp.gate.rows;
     let g = sized(gate, t * inter);
     let u = sized(up, t * inter);
@@ -192,7 +235,17 @@ struct MoeScratch<'a> {
 /// renormalized), run each expert once over the rows routed to it, and sum each token's
 /// choices in rank order, so a token's output never depends on its batch.
 #[allow(clippy::too_many_arguments)]
-fn moe_forward(pool: &ThreadPool, moe: &Moe, top_k: usize, norm_topk: bool, x: &[f32], t: usize, h: usize, s: MoeScratch, out: &mut [f32]) {
+fn moe_forward(
+    pool: &ThreadPool,
+    moe: &Moe,
+    top_k: usize,
+    norm_topk: bool,
+    x: &[f32],
+    t: usize,
+    h: usize,
+    s: MoeScratch,
+    out: &mut [f32],
+) {
     let num_experts = moe.experts.len();
     let router = sized(s.router, t * num_experts);
     matmul(pool, &moe.router, x, t, router);
@@ -220,7 +273,15 @@ fn moe_forward(pool: &ThreadPool, moe: &Moe, top_k: usize, norm_topk: bool, x: &
             dst.copy_from_slice(&x[(i / top_k) * h..(i / top_k + 1) * h]);
         }
         let expert_out = sized(s.expert_out, n * h);
-        mlp_forward(pool, &moe.experts[e], expert_in, n, s.gate, s.up, expert_out);
+        mlp_forward(
+            pool,
+            &moe.experts[e],
+            expert_in,
+            n,
+            s.gate,
+            s.up,
+            expert_out,
+        );
         for (src, &i) in expert_out.chunks_exact(h).zip(&routed) {
             choice_out[i * h..(i + 1) * h].copy_from_slice(src);
         }

@@ -47,7 +47,11 @@ impl TensorSource for HfSource<'_> {
     }
     fn expert_matrix(&self, layer: usize, e: usize, part: Part) -> Result<QMatrix> {
         let proj = part_name(part).trim_start_matches("mlp.");
-        self.store.tensor(&format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight"))?.to_matrix()
+        self.store
+            .tensor(&format!(
+                "model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
+            ))?
+            .to_matrix()
     }
     fn embedding(&self) -> Result<QMatrix> {
         self.store.tensor("model.embed_tokens.weight")?.to_matrix()

@@ -31,20 +31,30 @@ impl StepInput {
     pub fn validate(&self, block_size: usize, num_blocks: usize) -> Result<(), String> {
         let t = self.token_ids.len();
         if self.positions.len() != t || self.slot_mapping.len() != t {
-            return Err(format!("positions/slot_mapping lengths differ from {t} tokens"));
+            return Err(format!(
+                "positions/slot_mapping lengths differ from {t} tokens"
+            ));
         }
         if self.seqs.iter().map(|s| s.query_len).sum::<usize>() != t {
             return Err("query lengths do not add up to the token count".into());
         }
         for s in &self.seqs {
             if s.query_len > s.context_len || s.context_len > s.block_table.len() * block_size {
-                return Err(format!("sequence of {} tokens has {} blocks", s.context_len, s.block_table.len()));
+                return Err(format!(
+                    "sequence of {} tokens has {} blocks",
+                    s.context_len,
+                    s.block_table.len()
+                ));
             }
             if s.block_table.iter().any(|&b| b as usize >= num_blocks) {
                 return Err("block id out of range".into());
             }
         }
-        if self.slot_mapping.iter().any(|&s| s as usize >= num_blocks * block_size) {
+        if self
+            .slot_mapping
+            .iter()
+            .any(|&s| s as usize >= num_blocks * block_size)
+        {
             return Err("slot out of range".into());
         }
         if self.sample_rows.iter().any(|&r| r >= t) {

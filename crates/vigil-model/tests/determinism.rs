@@ -14,10 +14,20 @@ use vigil_model::step_input::{SeqInput, StepInput};
 const BLOCK: usize = 4;
 
 fn load(name: &str, quant: LoadQuantization, threads: usize) -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny")
+        .join(name);
     let config = vigil_model::hf::load_hf_config(&dir).unwrap();
     let store = SafetensorsStore::open(&dir).unwrap();
-    let weights = build_weights(&config, &HfSource { store: &store, dir: &dir }, quant).unwrap();
+    let weights = build_weights(
+        &config,
+        &HfSource {
+            store: &store,
+            dir: &dir,
+        },
+        quant,
+    )
+    .unwrap();
     Model::new(config, weights, Arc::new(ThreadPool::new(threads)))
 }
 
@@ -30,15 +40,32 @@ struct Feed {
 
 /// Run `seqs` to completion, each step taking the next chunk size of every unfinished sequence
 /// from `chunks` (cycled); returns every sequence's logits at every position.
-fn run(model: &mut Model, prompts: &[Vec<u32>], chunks: &[&[usize]], kv_dtype: KvDtype) -> Vec<Vec<f32>> {
+fn run(
+    model: &mut Model,
+    prompts: &[Vec<u32>],
+    chunks: &[&[usize]],
+    kv_dtype: KvDtype,
+) -> Vec<Vec<f32>> {
     let vocab = model.config.vocab_size;
     let total_blocks: usize = prompts.iter().map(|p| p.len().div_ceil(BLOCK)).sum();
-    let mut kv = KvCache::new(model.config.num_layers, model.config.kv_dim(), total_blocks, BLOCK, kv_dtype);
+    let mut kv = KvCache::new(
+        model.config.num_layers,
+        model.config.kv_dim(),
+        total_blocks,
+        BLOCK,
+        kv_dtype,
+    );
     // Interleave block ids across sequences so layouts differ from the single-sequence run.
     let mut next = (0..total_blocks as u32).rev();
     let mut feeds: Vec<Feed> = prompts
         .iter()
-        .map(|p| Feed { tokens: p.clone(), done: 0, blocks: (0..p.len().div_ceil(BLOCK)).map(|_| next.next().unwrap()).collect() })
+        .map(|p| Feed {
+            tokens: p.clone(),
+            done: 0,
+            blocks: (0..p.len().div_ceil(BLOCK))
+                .map(|_| next.next().unwrap())
+                .collect(),
+        })
         .collect();
     let mut out: Vec<Vec<f32>> = prompts.iter().map(|p| vec![0.0; p.len() * vocab]).collect();
     let mut step = 0;
@@ -54,16 +81,23 @@ fn run(model: &mut Model, prompts: &[Vec<u32>], chunks: &[&[usize]], kv_dtype: K
             for p in f.done..f.done + n {
                 input.token_ids.push(f.tokens[p]);
                 input.positions.push(p as u32);
-                input.slot_mapping.push(f.blocks[p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32);
+                input
+                    .slot_mapping
+                    .push(f.blocks[p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32);
                 input.sample_rows.push(input.token_ids.len() - 1);
                 owners.push((si, p));
             }
-            input.seqs.push(SeqInput { query_len: n, context_len: f.done + n, block_table: f.blocks.clone() });
+            input.seqs.push(SeqInput {
+                query_len: n,
+                context_len: f.done + n,
+                block_table: f.blocks.clone(),
+            });
             f.done += n;
         }
         let logits = model.forward(&input, &mut kv);
         for (row, &(si, p)) in owners.iter().enumerate() {
-            out[si][p * vocab..(p + 1) * vocab].copy_from_slice(&logits[row * vocab..(row + 1) * vocab]);
+            out[si][p * vocab..(p + 1) * vocab]
+                .copy_from_slice(&logits[row * vocab..(row + 1) * vocab]);
         }
         step += 1;
     }
@@ -87,10 +121,17 @@ fn check_model(name: &str, quant: LoadQuantization) {
     for kv in [KvDtype::F32, KvDtype::F16] {
         let mut model = load(name, quant, 2);
         let p = prompts();
-        let alone: Vec<Vec<f32>> = p.iter().map(|q| run(&mut model, std::slice::from_ref(q), &[&[usize::MAX]], kv).remove(0)).collect();
+        let alone: Vec<Vec<f32>> = p
+            .iter()
+            .map(|q| run(&mut model, std::slice::from_ref(q), &[&[usize::MAX]], kv).remove(0))
+            .collect();
         for chunking in [&[1usize][..], &[3], &[5, 2, 7], &[16]] {
             let chunked = run(&mut model, &p[..1], &[chunking], kv);
-            assert_bit_identical(&alone[0], &chunked[0], &format!("{name} chunks {chunking:?}"));
+            assert_bit_identical(
+                &alone[0],
+                &chunked[0],
+                &format!("{name} chunks {chunking:?}"),
+            );
         }
         let batched = run(&mut model, &p, &[&[4, 1], &[1], &[6, 3, 2]], kv);
         for (i, b) in batched.iter().enumerate() {

