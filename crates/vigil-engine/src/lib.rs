@@ -1,5 +1,11 @@
 //! The serving core: `Sequence`, the paged KV `BlockPool` with prefix caching and
-//! copy-on-write forks, `SamplingParams` and the `Sampler`, and the engine loop.
+//! copy-on-write forks, `SamplingParams` and the `Sampler`, the `Scheduler`, the
+//! `ModelRunner`, and `LlmEngine` whose `step()` ties them together.
 
 pub mod block_pool;
+pub mod block_table;
+pub mod engine;
+pub mod model_runner;
 pub mod sampling;
+pub mod scheduler;
+pub mod sequence;

@@ -40,7 +40,7 @@ impl DType {
 
     /// Bytes needed for `n` values; `None` when `n` is not a whole number of blocks.
     pub const fn bytes_for(self, n: usize) -> Option<usize> {
-        if n % self.block_size() != 0 {
+        if !n.is_multiple_of(self.block_size()) {
             return None;
         }
         Some(n / self.block_size() * self.type_size())

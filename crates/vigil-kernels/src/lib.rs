@@ -13,3 +13,5 @@ pub mod storage;
 
 pub use dtype::DType;
 pub use storage::{QMatrix, WeightData};
+pub mod attention;
+pub mod ops;

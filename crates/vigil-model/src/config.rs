@@ -76,7 +76,7 @@ impl ModelConfig {
         match &self.moe {
             Some(m) => {
                 m.decoder_sparse_step > 0
-                    && (i + 1) % m.decoder_sparse_step == 0
+                    && (i + 1).is_multiple_of(m.decoder_sparse_step)
                     && !m.mlp_only_layers.contains(&i)
             }
             None => false,

@@ -7,7 +7,17 @@ pub mod chat_template;
 pub mod config;
 pub mod error;
 pub mod gguf;
+pub mod hf;
+pub mod safetensors_store;
 pub mod tokenizer;
 
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
+pub mod kv_cache;
+pub mod model;
+pub mod step_input;
+pub mod weights;
+pub mod loader;
+pub mod source_hf;
+pub mod source_gguf;
+pub mod load;

@@ -1,0 +1,96 @@
+//! The engine loop: `step()` = schedule → prepare + run → sample and postprocess. Owns the
+//! sequences, the block pool, the scheduler and the model runner as plain data.
+
+use crate::block_table::SharedBlockPool;
+use crate::model_runner::ModelRunner;
+use crate::sampling::SamplingParams;
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::sequence::{FinishReason, SeqId, SeqStatus, Sequence, StopCriteria};
+use std::collections::HashMap;
+
+/// One token produced for one sequence in a step.
+#[derive(Debug, Clone)]
+pub struct TokenOutput {
+    pub seq_id: SeqId,
+    pub token: u32,
+    pub logprob: f32,
+    pub top_logprobs: Vec<(u32, f32)>,
+    pub finished: Option<FinishReason>,
+}
+
+pub struct LlmEngine {
+    pub runner: ModelRunner,
+    pub pool: SharedBlockPool,
+    pub scheduler: Scheduler,
+    pub seqs: HashMap<SeqId, Sequence>,
+    next_id: SeqId,
+    logits_row: Vec<f32>,
+}
+
+impl LlmEngine {
+    pub fn new(runner: ModelRunner, config: SchedulerConfig) -> Self {
+        let pool = SharedBlockPool::new(runner.kv.num_blocks, runner.kv.block_size);
+        LlmEngine { runner, pool, scheduler: Scheduler::new(config), seqs: HashMap::new(), next_id: 1, logits_row: Vec::new() }
+    }
+
+    pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams, stop: StopCriteria) -> SeqId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs.insert(id, Sequence::new(id, prompt, params, stop));
+        self.scheduler.add(id);
+        id
+    }
+
+    /// Drop a sequence and free its blocks at once.
+    pub fn abort(&mut self, id: SeqId) {
+        self.scheduler.remove(id);
+        self.seqs.remove(&id);
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    /// Remove a finished sequence, returning it (its blocks are freed when it drops).
+    pub fn take_finished(&mut self, id: SeqId) -> Option<Sequence> {
+        if self.seqs.get(&id).is_some_and(|s| s.is_finished()) {
+            return self.seqs.remove(&id);
+        }
+        None
+    }
+
+    pub fn step(&mut self) -> Vec<TokenOutput> {
+        let plan = self.scheduler.schedule(&mut self.seqs, &self.pool);
+        if plan.seqs.is_empty() {
+            return Vec::new();
+        }
+        let sampling = match self.runner.prepare(&plan, &mut self.seqs) {
+            Ok(s) => s,
+            // The scheduler reserved blocks for this plan; running out here is a bug in it.
+            Err(e) => panic!("scheduler admitted a step the pool cannot hold: {e}"),
+        };
+        let step = self.runner.run(sampling);
+        let vocab = step.vocab_size;
+        let mut outputs = Vec::with_capacity(step.seq_ids.len());
+        for (row, &id) in step.seq_ids.iter().enumerate() {
+            let Some(seq) = self.seqs.get_mut(&id) else { continue };
+            self.logits_row.clear();
+            self.logits_row.extend_from_slice(&step.logits[row * vocab..(row + 1) * vocab]);
+            let out = seq.sample_and_append(&mut self.logits_row);
+            let finished = seq.check_stop();
+            if let Some(reason) = finished {
+                seq.status = SeqStatus::Finished(reason);
+                seq.table = None;
+                self.scheduler.remove(id);
+            }
+            outputs.push(TokenOutput { seq_id: id, token: out.token, logprob: out.logprob, top_logprobs: out.top_logprobs, finished });
+        }
+        outputs
+    }
+
+    /// Check the block-accounting invariant against every live table.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let tables: Vec<_> = self.seqs.values().filter_map(|s| s.table.as_ref()).collect();
+        self.pool.check_invariants(&tables)
+    }
+}

@@ -1,0 +1,82 @@
+//! Turns a `StepPlan` into the model's flat `StepInput` (reserving KV slots, applying
+//! copy-on-write copies), runs the forward pass, and hands back one logits row per sequence
+//! that samples this step.
+
+use crate::block_table::OutOfBlocks;
+use crate::scheduler::StepPlan;
+use crate::sequence::{SeqId, Sequence};
+use std::collections::HashMap;
+use vigil_model::kv_cache::KvCache;
+use vigil_model::model::Model;
+use vigil_model::step_input::{SeqInput, StepInput};
+
+pub struct ModelRunner {
+    pub model: Model,
+    pub kv: KvCache,
+    input: StepInput,
+}
+
+/// The sequences that sample this step, in the order of their logits rows.
+pub struct StepLogits<'a> {
+    pub seq_ids: Vec<SeqId>,
+    pub logits: &'a [f32],
+    pub vocab_size: usize,
+}
+
+impl ModelRunner {
+    pub fn new(model: Model, kv: KvCache) -> Self {
+        ModelRunner { model, kv, input: StepInput::default() }
+    }
+
+    /// Build the step input for `plan`, advancing each sequence's `num_computed_tokens`.
+    pub fn prepare(&mut self, plan: &StepPlan, seqs: &mut HashMap<SeqId, Sequence>) -> Result<Vec<SeqId>, OutOfBlocks> {
+        let inp = &mut self.input;
+        inp.token_ids.clear();
+        inp.positions.clear();
+        inp.slot_mapping.clear();
+        inp.sample_rows.clear();
+        inp.seqs.clear();
+        let mut sampling = Vec::new();
+        for s in &plan.seqs {
+            let Some(seq) = seqs.get_mut(&s.seq_id) else { continue };
+            let num_tokens = seq.num_tokens();
+            let Some(table) = seq.table.as_mut() else { continue };
+            let start = seq.num_computed_tokens;
+            let end = start + s.num_tokens;
+            // The table may already hold slots for these tokens (prefix hits cover whole blocks
+            // it holds); reserve only past its end.
+            let have = table.num_tokens();
+            if end > have {
+                let appended = table.append_slots(end - have)?;
+                if let Some(c) = appended.copy {
+                    self.kv.copy_block(c.src_block, c.dst_block, c.num_tokens);
+                }
+            }
+            for pos in start..end {
+                inp.token_ids.push(seq.token_ids[pos]);
+                inp.positions.push(pos as u32);
+                inp.slot_mapping.push(table.slot(pos).unwrap_or(0) as u32);
+            }
+            inp.seqs.push(SeqInput { query_len: s.num_tokens, context_len: end, block_table: table.block_ids().to_vec() });
+            seq.num_computed_tokens = end;
+            if end == num_tokens {
+                inp.sample_rows.push(inp.token_ids.len() - 1);
+                sampling.push(seq.id);
+            }
+            // Blocks whose tokens all have KV now become reusable prefixes.
+            table.commit_full_blocks(&seq.token_ids[..end]);
+        }
+        Ok(sampling)
+    }
+
+    pub fn run(&mut self, sampling: Vec<SeqId>) -> StepLogits<'_> {
+        debug_assert!(self.input.validate(self.kv.block_size, self.kv.num_blocks).is_ok());
+        let vocab_size = self.model.config.vocab_size;
+        let logits = self.model.forward(&self.input, &mut self.kv);
+        StepLogits { seq_ids: sampling, logits, vocab_size }
+    }
+
+    pub fn num_step_tokens(&self) -> usize {
+        self.input.num_tokens()
+    }
+}

@@ -1,0 +1,99 @@
+//! A request's state on the engine thread: its tokens, how many have KV, its blocks and its
+//! sampling state. `num_computed_tokens` chases `num_tokens()`; there is no prefill or decode
+//! phase, only tokens still to compute.
+
+use crate::block_table::BlockTable;
+use crate::sampling::{SampleOutput, Sampler, SamplingParams};
+
+pub type SeqId = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence or stop token was sampled.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The client went away or asked to stop.
+    Abort,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqStatus {
+    Waiting,
+    Running,
+    Finished(FinishReason),
+}
+
+/// What a request asks of generation besides sampling.
+#[derive(Debug, Clone)]
+pub struct StopCriteria {
+    pub max_tokens: usize,
+    /// Sampling any of these ends the sequence (the model's EOS ids plus the request's own).
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+pub struct Sequence {
+    pub id: SeqId,
+    pub token_ids: Vec<u32>,
+    pub num_prompt_tokens: usize,
+    pub num_computed_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache at admission.
+    pub num_cached_tokens: usize,
+    pub table: Option<BlockTable>,
+    pub params: SamplingParams,
+    pub stop: StopCriteria,
+    pub sampler: Sampler,
+    pub status: SeqStatus,
+}
+
+impl Sequence {
+    pub fn new(id: SeqId, prompt: Vec<u32>, params: SamplingParams, stop: StopCriteria) -> Self {
+        let sampler = Sampler::new(params.seed);
+        Sequence {
+            id,
+            num_prompt_tokens: prompt.len(),
+            token_ids: prompt,
+            num_computed_tokens: 0,
+            num_cached_tokens: 0,
+            table: None,
+            params,
+            stop,
+            sampler,
+            status: SeqStatus::Waiting,
+        }
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    pub fn num_output_tokens(&self) -> usize {
+        self.token_ids.len() - self.num_prompt_tokens
+    }
+
+    pub fn output_ids(&self) -> &[u32] {
+        &self.token_ids[self.num_prompt_tokens..]
+    }
+
+    pub fn is_finished(&self) -> bool {
+        matches!(self.status, SeqStatus::Finished(_))
+    }
+
+    /// Sample the next token from this sequence's logits row and append it.
+    pub fn sample_and_append(&mut self, logits: &mut [f32]) -> SampleOutput {
+        let (prompt, output) = self.token_ids.split_at(self.num_prompt_tokens);
+        let out = self.sampler.sample(logits, &self.params, prompt, output);
+        self.token_ids.push(out.token);
+        out
+    }
+
+    /// Whether the last appended token ends the sequence, and why.
+    pub fn check_stop(&self) -> Option<FinishReason> {
+        let last = *self.token_ids.last()?;
+        if !self.stop.ignore_eos && self.stop.stop_token_ids.contains(&last) {
+            return Some(FinishReason::Stop);
+        }
+        (self.num_output_tokens() >= self.stop.max_tokens).then_some(FinishReason::Length)
+    }
+}

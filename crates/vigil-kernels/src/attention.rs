@@ -1,0 +1,158 @@
+//! Paged causal attention over a flat batch: every query row of every sequence attends to its
+//! own sequence's keys, read from fixed-size KV blocks through its block table.
+//!
+//! KV layout per layer: row `slot = block_id * block_size + offset`, each row `kv_heads ×
+//! head_dim` values. A query's reduction order depends only on its position and its keys, so
+//! the result is the same alone, chunked or batched (the determinism contract).
+
+use crate::ops::SendPtr;
+use crate::pool::ThreadPool;
+use half::f16;
+use std::cell::RefCell;
+
+/// A KV cache element type.
+pub trait KvElem: Copy + Send + Sync + Default + 'static {
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl KvElem for f32 {
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvElem for f16 {
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+/// One sequence's part of the batch: query rows `query_start..query_start+query_len`, which are
+/// the last `query_len` of its `context_len` tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnSeq<'a> {
+    pub query_start: usize,
+    pub query_len: usize,
+    pub context_len: usize,
+    pub block_table: &'a [u32],
+}
+
+/// Shapes shared by every call of one model.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+}
+
+/// Write K and V rows of the new tokens into their cache slots.
+pub fn write_kv<E: KvElem>(k_cache: &mut [E], v_cache: &mut [E], k: &[f32], v: &[f32], slot_mapping: &[u32], kv_dim: usize) {
+    for (t, &slot) in slot_mapping.iter().enumerate() {
+        let dst = slot as usize * kv_dim;
+        for (d, s) in k_cache[dst..dst + kv_dim].iter_mut().zip(&k[t * kv_dim..(t + 1) * kv_dim]) {
+            *d = E::from_f32(*s);
+        }
+        for (d, s) in v_cache[dst..dst + kv_dim].iter_mut().zip(&v[t * kv_dim..(t + 1) * kv_dim]) {
+            *d = E::from_f32(*s);
+        }
+    }
+}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `out[t][h] = softmax(q[t][h] · K[0..=pos(t)] / sqrt(d)) · V` for every query row `t` and head `h`.
+pub fn paged_attention<E: KvElem>(
+    pool: &ThreadPool,
+    shape: AttnShape,
+    q: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
+    seqs: &[AttnSeq],
+    out: &mut [f32],
+) {
+    let q_dim = shape.num_heads * shape.head_dim;
+    let num_rows: usize = seqs.iter().map(|s| s.query_len).sum();
+    debug_assert_eq!(q.len(), num_rows * q_dim);
+    // Map flat row → sequence once, so tasks spread evenly across rows × heads. Sequences'
+    // query rows are contiguous and in order: `query_start` is the running sum of `query_len`.
+    let mut row_seq = Vec::with_capacity(num_rows);
+    for (i, s) in seqs.iter().enumerate() {
+        debug_assert_eq!(s.query_start, row_seq.len());
+        row_seq.extend(std::iter::repeat_n(i, s.query_len));
+    }
+    let out_ptr = SendPtr::new(out);
+    let n_tasks = num_rows * shape.num_heads;
+    pool.run(n_tasks, |task| {
+        let (row, head) = (task / shape.num_heads, task % shape.num_heads);
+        let seq = &seqs[row_seq[row]];
+        let pos = seq.context_len - seq.query_len + (row - seq.query_start);
+        let q_head = &q[row * q_dim + head * shape.head_dim..][..shape.head_dim];
+        // SAFETY: each task owns one (row, head) slice of `out`.
+        let out_head = unsafe { out_ptr.slice(row * q_dim + head * shape.head_dim, shape.head_dim) };
+        attend_one(shape, head, q_head, k_cache, v_cache, seq.block_table, pos + 1, out_head);
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_one<E: KvElem>(
+    shape: AttnShape,
+    head: usize,
+    q_head: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
+    block_table: &[u32],
+    num_keys: usize,
+    out: &mut [f32],
+) {
+    let d = shape.head_dim;
+    let kv_dim = shape.num_kv_heads * d;
+    let kv_head = head / (shape.num_heads / shape.num_kv_heads);
+    let scale = 1.0 / (d as f32).sqrt();
+    let key_row = |p: usize| {
+        let slot = block_table[p / shape.block_size] as usize * shape.block_size + p % shape.block_size;
+        slot * kv_dim + kv_head * d
+    };
+    SCORES.with(|cell| {
+        let mut scores = cell.borrow_mut();
+        scores.clear();
+        scores.resize(num_keys, 0.0);
+        for (p, s) in scores.iter_mut().enumerate() {
+            let k = &k_cache[key_row(p)..][..d];
+            *s = dot_f32_kv(q_head, k) * scale;
+        }
+        crate::ops::softmax_inplace(&mut scores);
+        out.fill(0.0);
+        for (p, &w) in scores.iter().enumerate() {
+            let v = &v_cache[key_row(p)..][..d];
+            for (o, &x) in out.iter_mut().zip(v) {
+                *o += w * x.to_f32();
+            }
+        }
+    });
+}
+
+fn dot_f32_kv<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
+    // Eight partial sums in a fixed order: vectorizes, and the order never depends on the batch.
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l].to_f32();
+        }
+    }
+    let mut sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for i in chunks * 8..a.len() {
+        sum += a[i] * b[i].to_f32();
+    }
+    sum
+}

@@ -1,0 +1,59 @@
+//! The KV tensors: per layer, `num_blocks × block_size` rows of `kv_heads × head_dim` keys and
+//! values. Which rows belong to whom is the engine's `BlockPool`'s business, not this file's.
+
+use half::f16;
+
+/// Element type of the cache. F16 halves memory; F32 is exact (used by numeric tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    F16,
+    F32,
+}
+
+impl KvDtype {
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        }
+    }
+}
+
+pub(crate) enum KvLayers {
+    F16(Vec<[Vec<f16>; 2]>),
+    F32(Vec<[Vec<f32>; 2]>),
+}
+
+pub struct KvCache {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub kv_dim: usize,
+    pub(crate) layers: KvLayers,
+}
+
+impl KvCache {
+    pub fn new(num_layers: usize, kv_dim: usize, num_blocks: usize, block_size: usize, dtype: KvDtype) -> Self {
+        let n = num_blocks * block_size * kv_dim;
+        let layers = match dtype {
+            KvDtype::F16 => KvLayers::F16((0..num_layers).map(|_| [vec![f16::ZERO; n], vec![f16::ZERO; n]]).collect()),
+            KvDtype::F32 => KvLayers::F32((0..num_layers).map(|_| [vec![0.0; n], vec![0.0; n]]).collect()),
+        };
+        KvCache { num_blocks, block_size, kv_dim, layers }
+    }
+
+    /// Bytes one token occupies across all layers (K and V).
+    pub fn bytes_per_token(num_layers: usize, kv_dim: usize, dtype: KvDtype) -> usize {
+        num_layers * 2 * kv_dim * dtype.size()
+    }
+
+    /// Copy the first `num_tokens` rows of block `src` into block `dst` in every layer
+    /// (copy-on-write of a shared partial block).
+    pub fn copy_block(&mut self, src: u32, dst: u32, num_tokens: usize) {
+        let row = self.block_size * self.kv_dim;
+        let (s, d, n) = (src as usize * row, dst as usize * row, num_tokens * self.kv_dim);
+        match &mut self.layers {
+            KvLayers::F16(layers) => layers.iter_mut().flatten().for_each(|t| t.copy_within(s..s + n, d)),
+            KvLayers::F32(layers) => layers.iter_mut().flatten().for_each(|t| t.copy_within(s..s + n, d)),
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The decoder forward pass over a flat batch, read top to bottom: embed → per layer (norm,
+//! QKV, q/k norm, RoPE, KV write, paged attention, output projection, residual, norm, MLP or
+//! routed experts, residual) → final norm → logits for the rows that sample.
+
+use crate::config::{ModelConfig, RopeStyle};
+use crate::kv_cache::{KvCache, KvLayers};
+use crate::step_input::StepInput;
+use crate::weights::{FeedForward, Mlp, Moe, ModelWeights};
+use std::sync::Arc;
+use vigil_kernels::attention::{paged_attention, write_kv, AttnSeq, AttnShape, KvElem};
+use vigil_kernels::matmul::matmul;
+use vigil_kernels::ops::{add_inplace, rmsnorm, rmsnorm_rows_inplace, rope, silu_mul_inplace, softmax_inplace};
+use vigil_kernels::pool::ThreadPool;
+use vigil_kernels::quant::dequant::dequantize_row;
+
+/// Activation buffers, grown to the largest step seen and reused (no allocation per step).
+#[derive(Default)]
+struct RunState {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    router: Vec<f32>,
+    /// MoE: rows routed to one expert, gathered, and each token's per-choice expert outputs.
+    expert_in: Vec<f32>,
+    expert_out: Vec<f32>,
+    choice_out: Vec<f32>,
+    sampled: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if buf.len() < n {
+        buf.resize(n, 0.0);
+    }
+    &mut buf[..n]
+}
+
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
+    pool: Arc<ThreadPool>,
+    state: RunState,
+}
+
+impl Model {
+    pub fn new(config: ModelConfig, weights: ModelWeights, pool: Arc<ThreadPool>) -> Self {
+        Model { config, weights, pool, state: RunState::default() }
+    }
+
+    pub fn pool(&self) -> &Arc<ThreadPool> {
+        &self.pool
+    }
+
+    /// Run one step; returns `sample_rows.len() × vocab` logits.
+    pub fn forward(&mut self, input: &StepInput, kv: &mut KvCache) -> &[f32] {
+        let c = &self.config;
+        let w = &self.weights;
+        let pool = &*self.pool;
+        let s = &mut self.state;
+        let (t, h) = (input.num_tokens(), c.hidden_size);
+        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
+
+        let x = sized(&mut s.x, t * h);
+        for (row, &tok) in x.chunks_exact_mut(h).zip(&input.token_ids) {
+            dequantize_row(&w.token_embd, tok as usize, row);
+        }
+
+        let mut query_start = 0;
+        let seqs: Vec<AttnSeq> = input
+            .seqs
+            .iter()
+            .map(|sq| {
+                let a = AttnSeq { query_start, query_len: sq.query_len, context_len: sq.context_len, block_table: &sq.block_table };
+                query_start += sq.query_len;
+                a
+            })
+            .collect();
+        let shape = AttnShape { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim, block_size: kv.block_size };
+        let interleaved = c.rope_style == RopeStyle::Interleaved;
+
+        for (li, layer) in w.layers.iter().enumerate() {
+            // Attention block.
+            let xn = sized(&mut s.xn, t * h);
+            for (o, i) in xn.chunks_exact_mut(h).zip(s.x.chunks_exact(h)) {
+                rmsnorm(o, i, &layer.attn_norm, c.rms_norm_eps);
+            }
+            let q = sized(&mut s.q, t * q_dim);
+            let k = sized(&mut s.k, t * kv_dim);
+            let v = sized(&mut s.v, t * kv_dim);
+            matmul(pool, &layer.wq, xn, t, q);
+            matmul(pool, &layer.wk, xn, t, k);
+            matmul(pool, &layer.wv, xn, t, v);
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                rmsnorm_rows_inplace(q, qn, c.rms_norm_eps);
+                rmsnorm_rows_inplace(k, kn, c.rms_norm_eps);
+            }
+            for (i, &pos) in input.positions.iter().enumerate() {
+                rope(&mut q[i * q_dim..(i + 1) * q_dim], c.head_dim, pos, &w.rope_inv_freq, interleaved);
+                rope(&mut k[i * kv_dim..(i + 1) * kv_dim], c.head_dim, pos, &w.rope_inv_freq, interleaved);
+            }
+            let attn = sized(&mut s.attn, t * q_dim);
+            match &mut kv.layers {
+                KvLayers::F16(layers) => attend(pool, shape, &mut layers[li], q, k, v, input, &seqs, attn),
+                KvLayers::F32(layers) => attend(pool, shape, &mut layers[li], q, k, v, input, &seqs, attn),
+            }
+            let proj = sized(&mut s.proj, t * h);
+            matmul(pool, &layer.wo, attn, t, proj);
+            add_inplace(&mut s.x[..t * h], proj);
+
+            // Feed-forward block.
+            let xn = sized(&mut s.xn, t * h);
+            for (o, i) in xn.chunks_exact_mut(h).zip(s.x.chunks_exact(h)) {
+                rmsnorm(o, i, &layer.ffn_norm, c.rms_norm_eps);
+            }
+            let proj = sized(&mut s.proj, t * h);
+            match &layer.ffn {
+                FeedForward::Dense(mlp) => mlp_forward(pool, mlp, xn, t, &mut s.gate, &mut s.up, proj),
+                FeedForward::Sparse(moe) => {
+                    let top_k = c.moe.as_ref().map_or(1, |m| m.num_experts_per_tok);
+                    let norm_topk = c.moe.as_ref().is_some_and(|m| m.norm_topk_prob);
+                    let scratch = MoeScratch {
+                        router: &mut s.router,
+                        expert_in: &mut s.expert_in,
+                        expert_out: &mut s.expert_out,
+                        choice_out: &mut s.choice_out,
+                        gate: &mut s.gate,
+                        up: &mut s.up,
+                    };
+                    moe_forward(pool, moe, top_k, norm_topk, xn, t, h, scratch, proj);
+                }
+            }
+            add_inplace(&mut s.x[..t * h], proj);
+        }
+
+        // Only the sampled rows go through the final norm and the vocabulary projection.
+        let n = input.sample_rows.len();
+        let sampled = sized(&mut s.sampled, n * h);
+        for (o, &r) in sampled.chunks_exact_mut(h).zip(&input.sample_rows) {
+            rmsnorm(o, &s.x[r * h..(r + 1) * h], &w.output_norm, c.rms_norm_eps);
+        }
+        let logits = sized(&mut s.logits, n * c.vocab_size);
+        matmul(pool, &w.output, sampled, n, logits);
+        &s.logits[..n * c.vocab_size]
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend<E: KvElem>(
+    pool: &ThreadPool,
+    shape: AttnShape,
+    layer_kv: &mut [Vec<E>; 2],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    input: &StepInput,
+    seqs: &[AttnSeq],
+    out: &mut [f32],
+) {
+    let kv_dim = shape.num_kv_heads * shape.head_dim;
+    let [k_cache, v_cache] = layer_kv;
+    write_kv(k_cache, v_cache, k, v, &input.slot_mapping, kv_dim);
+    paged_attention(pool, shape, q, k_cache, v_cache, seqs, out);
+}
+
+fn mlp_forward(pool: &ThreadPool, mlp: &Mlp, x: &[f32], t: usize, gate: &mut Vec<f32>, up: &mut Vec<f32>, out: &mut [f32]) {
+    let inter = mlp.gate.rows;
+    let g = sized(gate, t * inter);
+    let u = sized(up, t * inter);
+    matmul(pool, &mlp.gate, x, t, g);
+    matmul(pool, &mlp.up, x, t, u);
+    silu_mul_inplace(g, u);
+    matmul(pool, &mlp.down, g, t, out);
+}
+
+/// Scratch buffers of the routed-experts block.
+struct MoeScratch<'a> {
+    router: &'a mut Vec<f32>,
+    expert_in: &'a mut Vec<f32>,
+    expert_out: &'a mut Vec<f32>,
+    choice_out: &'a mut Vec<f32>,
+    gate: &'a mut Vec<f32>,
+    up: &'a mut Vec<f32>,
+}
+
+/// Route each token to its top-k experts (softmax over all experts, then top-k, optionally
+/// renormalized), run each expert once over the rows routed to it, and sum each token's
+/// choices in rank order, so a token's output never depends on its batch.
+#[allow(clippy::too_many_arguments)]
+fn moe_forward(pool: &ThreadPool, moe: &Moe, top_k: usize, norm_topk: bool, x: &[f32], t: usize, h: usize, s: MoeScratch, out: &mut [f32]) {
+    let num_experts = moe.experts.len();
+    let router = sized(s.router, t * num_experts);
+    matmul(pool, &moe.router, x, t, router);
+    // choices[token * top_k + rank] = (expert, weight)
+    let mut choices = Vec::with_capacity(t * top_k);
+    for probs in router.chunks_exact_mut(num_experts) {
+        softmax_inplace(probs);
+        let mut order: Vec<usize> = (0..num_experts).collect();
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        let picked = &order[..top_k];
+        let sum: f32 = picked.iter().map(|&e| probs[e]).sum();
+        for &e in picked {
+            choices.push((e, if norm_topk { probs[e] / sum } else { probs[e] }));
+        }
+    }
+    let choice_out = sized(s.choice_out, t * top_k * h);
+    for e in 0..num_experts {
+        let routed: Vec<usize> = (0..t * top_k).filter(|&i| choices[i].0 == e).collect();
+        if routed.is_empty() {
+            continue;
+        }
+        let n = routed.len();
+        let expert_in = sized(s.expert_in, n * h);
+        for (dst, &i) in expert_in.chunks_exact_mut(h).zip(&routed) {
+            dst.copy_from_slice(&x[(i / top_k) * h..(i / top_k + 1) * h]);
+        }
+        let expert_out = sized(s.expert_out, n * h);
+        mlp_forward(pool, &moe.experts[e], expert_in, n, s.gate, s.up, expert_out);
+        for (src, &i) in expert_out.chunks_exact(h).zip(&routed) {
+            choice_out[i * h..(i + 1) * h].copy_from_slice(src);
+        }
+    }
+    for (tok, o) in out.chunks_exact_mut(h).enumerate() {
+        o.fill(0.0);
+        for rank in 0..top_k {
+            let i = tok * top_k + rank;
+            let wgt = choices[i].1;
+            for (a, &b) in o.iter_mut().zip(&choice_out[i * h..(i + 1) * h]) {
+                *a += wgt * b;
+            }
+        }
+    }
+}
