@@ -311,25 +311,27 @@ pub unsafe fn matmul_rows<F: Fmt32>(
     let m = acts.m;
     let wrow = |j: usize| w.as_ptr().add(j.min(r1 - 1) * nb);
     let arow = |i: usize| acts.blocks.as_ptr().add(i * nb);
-    let m4 = m / 4 * 4;
-    for c0 in (0..m4).step_by(ROW_CHUNK) {
-        let c1 = (c0 + ROW_CHUNK).min(m4);
-        for j0 in (r0..r1).step_by(2) {
-            let wp = [wrow(j0), wrow(j0 + 1)];
-            for i0 in (c0..c1).step_by(4) {
-                let ap = [arow(i0), arow(i0 + 1), arow(i0 + 2), arow(i0 + 3)];
-                let r = tile::<F, 4, 2>(&wp, &ap, acts, i0, nb, 0);
-                store(out, rows, &r, 4, i0, j0, r1);
-            }
-        }
-    }
-    // Decode streams the weights once: prefetch the next tile (8 rows on) while computing.
+    // Decode streams the weights once: prefetch the next group (8 rows on) while computing.
     let prefetch = (8 * nb * std::mem::size_of::<F::W>()) as isize;
-    for i0 in m4..m {
+    for c0 in (0..m).step_by(ROW_CHUNK) {
+        let c1 = (c0 + ROW_CHUNK).min(m);
+        let full = c0 + (c1 - c0) / 4 * 4;
+        // Each group of 8 weight rows serves every activation row of the chunk while it is
+        // in L1: 4 × 2 tiles for whole groups of 4 rows, 1 × 8 for the rest (all of decode).
         for j0 in (r0..r1).step_by(8) {
+            for i0 in (c0..full).step_by(4) {
+                let ap = [arow(i0), arow(i0 + 1), arow(i0 + 2), arow(i0 + 3)];
+                for jj in (j0..(j0 + 8).min(r1)).step_by(2) {
+                    let wp = [wrow(jj), wrow(jj + 1)];
+                    let r = tile::<F, 4, 2>(&wp, &ap, acts, i0, nb, 0);
+                    store(out, rows, &r, 4, i0, jj, r1);
+                }
+            }
             let wp: [*const F::W; 8] = std::array::from_fn(|k| wrow(j0 + k));
-            let r = tile::<F, 1, 8>(&wp, &[arow(i0)], acts, i0, nb, prefetch);
-            store(out, rows, &r, 1, i0, j0, r1);
+            for i0 in full..c1 {
+                let r = tile::<F, 1, 8>(&wp, &[arow(i0)], acts, i0, nb, prefetch);
+                store(out, rows, &r, 1, i0, j0, r1);
+            }
         }
     }
 }

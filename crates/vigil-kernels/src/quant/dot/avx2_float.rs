@@ -135,23 +135,24 @@ pub unsafe fn matmul_rows<W: FloatW>(
 ) {
     let wrow = |j: usize| w.as_ptr().add(j.min(r1 - 1) * cols * W::BYTES);
     let xrow = |i: usize| x.as_ptr().add(i * cols);
-    let m4 = m / 4 * 4;
-    for c0 in (0..m4).step_by(ROW_CHUNK) {
-        let c1 = (c0 + ROW_CHUNK).min(m4);
-        for j0 in (r0..r1).step_by(2) {
-            let wp = [wrow(j0), wrow(j0 + 1)];
-            for i0 in (c0..c1).step_by(4) {
-                let xp = [xrow(i0), xrow(i0 + 1), xrow(i0 + 2), xrow(i0 + 3)];
-                let r = tile::<W, 4, 2>(&wp, &xp, cols);
-                super::avx2::store(out, rows, &r, 4, i0, j0, r1);
-            }
-        }
-    }
-    for i0 in m4..m {
+    for c0 in (0..m).step_by(ROW_CHUNK) {
+        let c1 = (c0 + ROW_CHUNK).min(m);
+        let full = c0 + (c1 - c0) / 4 * 4;
+        // As in `avx2::matmul_rows`: a group of 8 weight rows serves the whole chunk.
         for j0 in (r0..r1).step_by(8) {
+            for i0 in (c0..full).step_by(4) {
+                let xp = [xrow(i0), xrow(i0 + 1), xrow(i0 + 2), xrow(i0 + 3)];
+                for jj in (j0..(j0 + 8).min(r1)).step_by(2) {
+                    let wp = [wrow(jj), wrow(jj + 1)];
+                    let r = tile::<W, 4, 2>(&wp, &xp, cols);
+                    super::avx2::store(out, rows, &r, 4, i0, jj, r1);
+                }
+            }
             let wp: [*const u8; 8] = std::array::from_fn(|k| wrow(j0 + k));
-            let r = tile::<W, 1, 8>(&wp, &[xrow(i0)], cols);
-            super::avx2::store(out, rows, &r, 1, i0, j0, r1);
+            for i0 in full..c1 {
+                let r = tile::<W, 1, 8>(&wp, &[xrow(i0)], cols);
+                super::avx2::store(out, rows, &r, 1, i0, j0, r1);
+            }
         }
     }
 }

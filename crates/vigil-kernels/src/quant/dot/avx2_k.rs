@@ -222,22 +222,21 @@ pub unsafe fn matmul_rows<F: FmtK>(
     debug_assert_eq!(nb * QK_K * m, acts.len() * QK_K);
     let wrow = |j: usize| &w[j * nb..(j + 1) * nb];
     let arow = |i: usize| &acts[i * nb..(i + 1) * nb];
-    let m4 = m / 4 * 4;
-    for c0 in (0..m4).step_by(ROW_CHUNK) {
-        let c1 = (c0 + ROW_CHUNK).min(m4);
+    for c0 in (0..m).step_by(ROW_CHUNK) {
+        let c1 = (c0 + ROW_CHUNK).min(m);
+        let full = c0 + (c1 - c0) / 4 * 4;
+        // Each weight row serves every activation row of the chunk while it is in L1.
         for j in r0..r1 {
-            for i0 in (c0..c1).step_by(4) {
+            for i0 in (c0..full).step_by(4) {
                 let ap = [arow(i0), arow(i0 + 1), arow(i0 + 2), arow(i0 + 3)];
                 let r = tile::<F, 4>(wrow(j), &ap);
                 for (i, v) in r.into_iter().enumerate() {
                     *out.add((i0 + i) * rows + j) = v;
                 }
             }
-        }
-    }
-    for i in m4..m {
-        for j in r0..r1 {
-            *out.add(i * rows + j) = tile::<F, 1>(wrow(j), &[arow(i)])[0];
+            for i in full..c1 {
+                *out.add(i * rows + j) = tile::<F, 1>(wrow(j), &[arow(i)])[0];
+            }
         }
     }
 }
