@@ -70,7 +70,6 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         threads: args.threads,
         quantize: vigil_model::load::parse_quantize(args.quantize.as_deref())?,
         max_context: args.ctx,
-        ..LoadOptions::default()
     };
     let loaded = vigil_model::load::load(&model_path, &opts)
         .with_context(|| format!("loading {}", model_path.display()))?;
