@@ -88,7 +88,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
     };
     run(random_prompt(64), 4); // warm-up
-    let mut report = |name: &str, mut v: Vec<f64>| {
+    let report = |name: &str, mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         println!(
             "{{\"engine\": \"vigil\", \"test\": \"{name}\", \"threads\": {threads}, \"reps\": {reps}, \"tokens_per_s_median\": {:.2}, \"tokens_per_s_min\": {:.2}, \"tokens_per_s_max\": {:.2}}}",

@@ -14,6 +14,10 @@ use std::cell::RefCell;
 pub trait KvElem: Copy + Send + Sync + Default + 'static {
     fn from_f32(v: f32) -> Self;
     fn to_f32(self) -> f32;
+    /// `a · b` with AVX2+FMA(+F16C); callers check `cpu::features()` and `len % 8 == 0`.
+    fn dot_avx2(a: &[f32], b: &[Self]) -> f32;
+    /// `out += w * v` with AVX2+FMA(+F16C); same preconditions.
+    fn axpy_avx2(out: &mut [f32], w: f32, v: &[Self]);
 }
 
 impl KvElem for f32 {
@@ -23,6 +27,14 @@ impl KvElem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    fn dot_avx2(a: &[f32], b: &[Self]) -> f32 {
+        // SAFETY: the caller checked the CPU features; lengths are checked inside.
+        unsafe { simd::dot_f32(a, b) }
+    }
+    fn axpy_avx2(out: &mut [f32], w: f32, v: &[Self]) {
+        // SAFETY: as above.
+        unsafe { simd::axpy_f32(out, w, v) }
+    }
 }
 
 impl KvElem for f16 {
@@ -31,6 +43,99 @@ impl KvElem for f16 {
     }
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
+    }
+    fn dot_avx2(a: &[f32], b: &[Self]) -> f32 {
+        // SAFETY: the caller checked the CPU features; lengths are checked inside.
+        unsafe { simd::dot_f16(a, b) }
+    }
+    fn axpy_avx2(out: &mut [f32], w: f32, v: &[Self]) {
+        // SAFETY: as above.
+        unsafe { simd::axpy_f16(out, w, v) }
+    }
+}
+
+/// AVX2 inner loops of attention: 8 lanes, one fixed reduction order.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+        assert!(b.len() >= a.len() && a.len() % 8 == 0);
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..a.len()).step_by(8) {
+            let x = _mm256_loadu_ps(a.as_ptr().add(i));
+            let y = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i).cast()));
+            acc = _mm256_fmadd_ps(x, y, acc);
+        }
+        hsum(acc)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_f16(out: &mut [f32], w: f32, v: &[f16]) {
+        assert!(v.len() >= out.len() && out.len() % 8 == 0);
+        let wv = _mm256_set1_ps(w);
+        for i in (0..out.len()).step_by(8) {
+            let o = out.as_mut_ptr().add(i);
+            let y = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i).cast()));
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(wv, y, _mm256_loadu_ps(o)));
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        assert!(b.len() >= a.len() && a.len() % 8 == 0);
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..a.len()).step_by(8) {
+            acc = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.as_ptr().add(i)),
+                _mm256_loadu_ps(b.as_ptr().add(i)),
+                acc,
+            );
+        }
+        hsum(acc)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_f32(out: &mut [f32], w: f32, v: &[f32]) {
+        assert!(v.len() >= out.len() && out.len() % 8 == 0);
+        let wv = _mm256_set1_ps(w);
+        for i in (0..out.len()).step_by(8) {
+            let o = out.as_mut_ptr().add(i);
+            _mm256_storeu_ps(
+                o,
+                _mm256_fmadd_ps(wv, _mm256_loadu_ps(v.as_ptr().add(i)), _mm256_loadu_ps(o)),
+            );
+        }
+    }
+}
+
+/// Non-x86 builds never take the SIMD path (`cpu::features()` says no); these keep it compiling.
+#[cfg(not(target_arch = "x86_64"))]
+mod simd {
+    use half::f16;
+    pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
+    }
+    pub unsafe fn axpy_f16(out: &mut [f32], w: f32, v: &[f16]) {
+        out.iter_mut()
+            .zip(v)
+            .for_each(|(o, y)| *o += w * y.to_f32())
+    }
+    pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+    pub unsafe fn axpy_f32(out: &mut [f32], w: f32, v: &[f32]) {
+        out.iter_mut().zip(v).for_each(|(o, y)| *o += w * y)
     }
 }
 
@@ -150,16 +255,25 @@ fn attend_one<E: KvElem>(
         let mut scores = cell.borrow_mut();
         scores.clear();
         scores.resize(num_keys, 0.0);
+        let simd = crate::cpu::features().avx2_fma_f16c && d.is_multiple_of(8);
         for (p, s) in scores.iter_mut().enumerate() {
             let k = &k_cache[key_row(p)..][..d];
-            *s = dot_f32_kv(q_head, k) * scale;
+            *s = if simd {
+                E::dot_avx2(q_head, k)
+            } else {
+                dot_f32_kv(q_head, k)
+            } * scale;
         }
         crate::ops::softmax_inplace(&mut scores);
         out.fill(0.0);
         for (p, &w) in scores.iter().enumerate() {
             let v = &v_cache[key_row(p)..][..d];
-            for (o, &x) in out.iter_mut().zip(v) {
-                *o += w * x.to_f32();
+            if simd {
+                E::axpy_avx2(out, w, v);
+            } else {
+                for (o, &x) in out.iter_mut().zip(v) {
+                    *o += w * x.to_f32();
+                }
             }
         }
     });
