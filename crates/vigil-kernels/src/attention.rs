@@ -70,7 +70,7 @@ mod simd {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
-        assert!(b.len() >= a.len() && a.len() % 8 == 0);
+        assert!(b.len() >= a.len() && a.len().is_multiple_of(8));
         let mut acc = _mm256_setzero_ps();
         for i in (0..a.len()).step_by(8) {
             let x = _mm256_loadu_ps(a.as_ptr().add(i));
@@ -82,7 +82,7 @@ mod simd {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn axpy_f16(out: &mut [f32], w: f32, v: &[f16]) {
-        assert!(v.len() >= out.len() && out.len() % 8 == 0);
+        assert!(v.len() >= out.len() && out.len().is_multiple_of(8));
         let wv = _mm256_set1_ps(w);
         for i in (0..out.len()).step_by(8) {
             let o = out.as_mut_ptr().add(i);
@@ -93,7 +93,7 @@ mod simd {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-        assert!(b.len() >= a.len() && a.len() % 8 == 0);
+        assert!(b.len() >= a.len() && a.len().is_multiple_of(8));
         let mut acc = _mm256_setzero_ps();
         for i in (0..a.len()).step_by(8) {
             acc = _mm256_fmadd_ps(
@@ -107,7 +107,7 @@ mod simd {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn axpy_f32(out: &mut [f32], w: f32, v: &[f32]) {
-        assert!(v.len() >= out.len() && out.len() % 8 == 0);
+        assert!(v.len() >= out.len() && out.len().is_multiple_of(8));
         let wv = _mm256_set1_ps(w);
         for i in (0..out.len()).step_by(8) {
             let o = out.as_mut_ptr().add(i);
