@@ -199,80 +199,123 @@ pub fn paged_attention<E: KvElem>(
     out: &mut [f32],
 ) {
     let q_dim = shape.num_heads * shape.head_dim;
-    let num_rows: usize = seqs.iter().map(|s| s.query_len).sum();
-    debug_assert_eq!(q.len(), num_rows * q_dim);
-    // Map flat row → sequence once, so tasks spread evenly across rows × heads. Sequences'
-    // query rows are contiguous and in order: `query_start` is the running sum of `query_len`.
-    let mut row_seq = Vec::with_capacity(num_rows);
-    for (i, s) in seqs.iter().enumerate() {
-        debug_assert_eq!(s.query_start, row_seq.len());
-        row_seq.extend(std::iter::repeat_n(i, s.query_len));
+    debug_assert_eq!(
+        q.len(),
+        seqs.iter().map(|s| s.query_len).sum::<usize>() * q_dim
+    );
+    let group = shape.num_heads / shape.num_kv_heads;
+    // A tile is up to ROWS_PER_TILE query rows of one sequence × the heads sharing one KV head:
+    // each key and value row is fetched once for all of them. Decode steps have few rows, so
+    // there the heads of a group are split into separate tiles to keep both cores busy.
+    let mut tiles = Vec::new();
+    for (si, s) in seqs.iter().enumerate() {
+        for r0 in (0..s.query_len).step_by(ROWS_PER_TILE) {
+            tiles.push((si, r0, (r0 + ROWS_PER_TILE).min(s.query_len)));
+        }
     }
+    let heads_per_tile = if tiles.len() * shape.num_kv_heads >= 4 * pool.num_threads() {
+        group
+    } else {
+        1
+    };
+    let head_tiles = shape.num_heads / heads_per_tile;
     let out_ptr = SendPtr::new(out);
-    let n_tasks = num_rows * shape.num_heads;
-    pool.run(n_tasks, |task| {
-        let (row, head) = (task / shape.num_heads, task % shape.num_heads);
-        let seq = &seqs[row_seq[row]];
-        let pos = seq.context_len - seq.query_len + (row - seq.query_start);
-        let q_head = &q[row * q_dim + head * shape.head_dim..][..shape.head_dim];
-        // SAFETY: each task owns one (row, head) slice of `out`.
-        let out_head =
-            unsafe { out_ptr.slice(row * q_dim + head * shape.head_dim, shape.head_dim) };
-        attend_one(
-            shape,
-            head,
-            q_head,
-            k_cache,
-            v_cache,
-            seq.block_table,
-            pos + 1,
-            out_head,
-        );
+    pool.run(tiles.len() * head_tiles, |task| {
+        let (si, r0, r1) = tiles[task / head_tiles];
+        let h0 = task % head_tiles * heads_per_tile;
+        let seq = &seqs[si];
+        let tile = Tile {
+            seq,
+            rows: seq.query_start + r0..seq.query_start + r1,
+            heads: h0..h0 + heads_per_tile,
+        };
+        // SAFETY: tiles cover disjoint (row, head) ranges of `out`.
+        attend_tile(shape, &tile, q, k_cache, v_cache, |row, head| unsafe {
+            out_ptr.slice(row * q_dim + head * shape.head_dim, shape.head_dim)
+        });
     });
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attend_one<E: KvElem>(
+/// Query rows handled together; 4 keeps the scores of a tile in L1 at 2K context.
+const ROWS_PER_TILE: usize = 4;
+
+/// Flat query rows of one sequence and the heads (all sharing one KV head) of one task.
+struct Tile<'a, 'b> {
+    seq: &'a AttnSeq<'b>,
+    rows: std::ops::Range<usize>,
+    heads: std::ops::Range<usize>,
+}
+
+/// Scores, softmax and weighted values for every (row, head) of a tile. Each query's dot
+/// products, softmax and value sum run in key order with the same operations whatever the
+/// tile, so a query's output never depends on which other queries share its tile.
+fn attend_tile<'o, E: KvElem>(
     shape: AttnShape,
-    head: usize,
-    q_head: &[f32],
+    tile: &Tile,
+    q: &[f32],
     k_cache: &[E],
     v_cache: &[E],
-    block_table: &[u32],
-    num_keys: usize,
-    out: &mut [f32],
+    out_for: impl Fn(usize, usize) -> &'o mut [f32],
 ) {
     let d = shape.head_dim;
+    let q_dim = shape.num_heads * d;
     let kv_dim = shape.num_kv_heads * d;
-    let kv_head = head / (shape.num_heads / shape.num_kv_heads);
+    let kv_head = tile.heads.start / (shape.num_heads / shape.num_kv_heads);
     let scale = 1.0 / (d as f32).sqrt();
+    let seq = tile.seq;
+    let first_pos = seq.context_len - seq.query_len;
+    // Row `row` attends to keys 0..=its position.
+    let num_keys = |row: usize| first_pos + (row - seq.query_start) + 1;
+    let max_keys = num_keys(tile.rows.end - 1);
     let key_row = |p: usize| {
-        let slot =
-            block_table[p / shape.block_size] as usize * shape.block_size + p % shape.block_size;
+        let slot = seq.block_table[p / shape.block_size] as usize * shape.block_size
+            + p % shape.block_size;
         slot * kv_dim + kv_head * d
     };
+    let simd = crate::cpu::features().avx2_fma_f16c && d.is_multiple_of(8);
+    let queries: Vec<(usize, usize)> = tile
+        .rows
+        .clone()
+        .flat_map(|r| tile.heads.clone().map(move |h| (r, h)))
+        .collect();
     SCORES.with(|cell| {
         let mut scores = cell.borrow_mut();
         scores.clear();
-        scores.resize(num_keys, 0.0);
-        let simd = crate::cpu::features().avx2_fma_f16c && d.is_multiple_of(8);
-        for (p, s) in scores.iter_mut().enumerate() {
+        scores.resize(queries.len() * max_keys, 0.0);
+        for p in 0..max_keys {
             let k = &k_cache[key_row(p)..][..d];
-            *s = if simd {
-                E::dot_avx2(q_head, k)
-            } else {
-                dot_f32_kv(q_head, k)
-            } * scale;
+            for (qi, &(row, head)) in queries.iter().enumerate() {
+                if p < num_keys(row) {
+                    let qv = &q[row * q_dim + head * d..][..d];
+                    let dot = if simd {
+                        E::dot_avx2(qv, k)
+                    } else {
+                        dot_f32_kv(qv, k)
+                    };
+                    scores[qi * max_keys + p] = dot * scale;
+                }
+            }
         }
-        crate::ops::softmax_inplace(&mut scores);
-        out.fill(0.0);
-        for (p, &w) in scores.iter().enumerate() {
+        for (qi, &(row, _)) in queries.iter().enumerate() {
+            crate::ops::softmax_inplace(&mut scores[qi * max_keys..qi * max_keys + num_keys(row)]);
+        }
+        let mut outs: Vec<&mut [f32]> = queries
+            .iter()
+            .map(|&(row, head)| out_for(row, head))
+            .collect();
+        outs.iter_mut().for_each(|o| o.fill(0.0));
+        for p in 0..max_keys {
             let v = &v_cache[key_row(p)..][..d];
-            if simd {
-                E::axpy_avx2(out, w, v);
-            } else {
-                for (o, &x) in out.iter_mut().zip(v) {
-                    *o += w * x.to_f32();
+            for (qi, &(row, _)) in queries.iter().enumerate() {
+                if p < num_keys(row) {
+                    let w = scores[qi * max_keys + p];
+                    if simd {
+                        E::axpy_avx2(outs[qi], w, v);
+                    } else {
+                        for (o, &x) in outs[qi].iter_mut().zip(v) {
+                            *o += w * x.to_f32();
+                        }
+                    }
                 }
             }
         }

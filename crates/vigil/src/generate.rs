@@ -39,6 +39,11 @@ pub struct GenerateArgs {
     min_p: f32,
     #[arg(long, default_value_t = 1.0)]
     repetition_penalty: f32,
+    /// OpenAI-style penalties over generated tokens.
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
     #[arg(long)]
     seed: Option<u64>,
     /// Worker threads (default: all cores).
@@ -86,6 +91,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         top_k: args.top_k,
         min_p: args.min_p,
         repetition_penalty: args.repetition_penalty,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
         seed: args.seed,
         ..SamplingParams::default()
     };
