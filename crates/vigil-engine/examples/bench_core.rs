@@ -75,7 +75,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let start = Instant::now();
         let mut first = None;
         while engine.has_work() {
-            if !engine.step().is_empty() && first.is_none() {
+            if !engine
+                .step()
+                .expect("KV pool sized for the benchmark")
+                .is_empty()
+                && first.is_none()
+            {
                 first = Some(Instant::now());
             }
         }

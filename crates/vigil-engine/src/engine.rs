@@ -1,7 +1,7 @@
 //! The engine loop: `step()` = schedule → prepare + run → sample and postprocess. Owns the
 //! sequences, the block pool, the scheduler and the model runner as plain data.
 
-use crate::block_table::SharedBlockPool;
+use crate::block_table::{OutOfBlocks, SharedBlockPool};
 use crate::model_runner::ModelRunner;
 use crate::sampling::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -72,16 +72,14 @@ impl LlmEngine {
         None
     }
 
-    pub fn step(&mut self) -> Vec<TokenOutput> {
+    /// One step: schedule → run → sample and postprocess. Errs only if the scheduler admitted
+    /// more than the block pool holds, a bug reported instead of a panic.
+    pub fn step(&mut self) -> Result<Vec<TokenOutput>, OutOfBlocks> {
         let plan = self.scheduler.schedule(&mut self.seqs, &self.pool);
         if plan.seqs.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        let sampling = match self.runner.prepare(&plan, &mut self.seqs) {
-            Ok(s) => s,
-            // The scheduler reserved blocks for this plan; running out here is a bug in it.
-            Err(e) => panic!("scheduler admitted a step the pool cannot hold: {e}"),
-        };
+        let sampling = self.runner.prepare(&plan, &mut self.seqs)?;
         let step = self.runner.run(sampling);
         let vocab = step.vocab_size;
         let mut outputs = Vec::with_capacity(step.seq_ids.len());
@@ -107,7 +105,7 @@ impl LlmEngine {
                 finished,
             });
         }
-        outputs
+        Ok(outputs)
     }
 
     /// Check the block-accounting invariant against every live table.

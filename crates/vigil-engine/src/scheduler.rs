@@ -78,6 +78,9 @@ impl Scheduler {
     ) -> StepPlan {
         let mut plan = StepPlan::default();
         let mut budget = self.config.max_batched_tokens;
+        // Blocks the plan will take when the runner appends; the pool only hands them out then.
+        let mut reserved: Vec<(SeqId, usize)> = Vec::new();
+        let total = |r: &[(SeqId, usize)]| r.iter().map(|&(_, n)| n).sum::<usize>();
 
         // Running sequences first, oldest first; preempt from the newest end when blocks run out.
         let mut i = 0;
@@ -93,7 +96,7 @@ impl Scheduler {
                 continue;
             }
             let needed = seq.table.as_ref().map_or(0, |t| t.blocks_needed(n));
-            if needed > pool.borrow().num_free_blocks() {
+            if needed + total(&reserved) > pool.borrow().num_free_blocks() {
                 // Preempt the newest running sequence (possibly this one) and retry.
                 let Some(victim) = self.running.pop() else {
                     break;
@@ -101,8 +104,10 @@ impl Scheduler {
                 self.preempt(victim, seqs);
                 plan.preempted.push(victim);
                 plan.seqs.retain(|s| s.seq_id != victim);
+                reserved.retain(|&(s, _)| s != victim);
                 continue;
             }
+            reserved.push((id, needed));
             plan.seqs.push(ScheduledSeq {
                 seq_id: id,
                 num_tokens: n,
@@ -128,13 +133,15 @@ impl Scheduler {
             };
             let cached = table.num_tokens();
             let n = (seq.num_tokens() - cached).min(budget);
+            let needed = table.blocks_needed(n);
             if !pool
                 .borrow()
-                .can_allocate(table.blocks_needed(n), watermark)
+                .can_allocate(needed + total(&reserved), watermark)
             {
                 break; // `table` drops here, releasing its prefix hits.
             }
             self.waiting.pop_front();
+            reserved.push((id, needed));
             seq.num_computed_tokens = cached;
             seq.num_cached_tokens = cached;
             seq.table = Some(table);

@@ -223,7 +223,7 @@ fn greedy_continuations_match_llamacpp() {
         };
         let id = engine.add_request(c.prompt_ids.clone(), SamplingParams::default(), stop);
         while engine.has_work() {
-            engine.step();
+            engine.step().unwrap();
         }
         let seq = engine.take_finished(id).unwrap();
         let ours = seq.output_ids().to_vec();

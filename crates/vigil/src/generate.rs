@@ -184,7 +184,7 @@ fn generate_one(
     let mut text = String::new();
     let mut out = std::io::stdout().lock();
     while engine.has_work() {
-        for o in engine.step() {
+        for o in engine.step()? {
             if o.seq_id != id {
                 continue;
             }
