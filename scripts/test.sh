@@ -5,4 +5,6 @@ cd "$(dirname "$0")/.."
 eval "$(scripts/fetch_test_assets.sh)"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace 2>&1 | tee .cache/test.log
+cargo test --workspace --lib --bins --tests 2>&1 | tee .cache/test.log
+# One closing line over every test binary.
+awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' .cache/test.log
