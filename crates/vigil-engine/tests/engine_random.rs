@@ -5,38 +5,28 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 use vigil_engine::engine::LlmEngine;
 use vigil_engine::model_runner::ModelRunner;
 use vigil_engine::sampling::SamplingParams;
 use vigil_engine::scheduler::SchedulerConfig;
 use vigil_engine::sequence::{SeqId, StopCriteria};
-use vigil_kernels::pool::ThreadPool;
 use vigil_model::kv_cache::{KvCache, KvDtype};
-use vigil_model::loader::{build_weights, LoadQuantization};
-use vigil_model::model::Model;
-use vigil_model::safetensors_store::SafetensorsStore;
-use vigil_model::source_hf::HfSource;
+use vigil_model::load::LoadOptions;
+use vigil_model::loader::LoadQuantization;
 
 const BLOCK: usize = 4;
 
 fn engine(num_blocks: usize, config: SchedulerConfig) -> LlmEngine {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama");
-    let cfg = vigil_model::hf::load_hf_config(&dir).unwrap();
-    let store = SafetensorsStore::open(&dir).unwrap();
-    let weights = build_weights(
-        &cfg,
-        &HfSource {
-            store: &store,
-            dir: &dir,
-        },
-        LoadQuantization::AsStored,
-    )
-    .unwrap();
-    let model = Model::new(cfg.clone(), weights, Arc::new(ThreadPool::new(2)));
+    let opts = LoadOptions {
+        threads: Some(2),
+        quantize: LoadQuantization::AsStored,
+        max_context: None,
+    };
+    let model = vigil_model::load::load(&dir, &opts).unwrap().model;
     let kv = KvCache::new(
-        cfg.num_layers,
-        cfg.kv_dim(),
+        model.config.num_layers,
+        model.config.kv_dim(),
         num_blocks,
         BLOCK,
         KvDtype::F32,

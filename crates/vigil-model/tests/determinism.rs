@@ -2,13 +2,10 @@
 //! prefill chunks of any size, or batched with other sequences in the same steps.
 
 use std::path::Path;
-use std::sync::Arc;
-use vigil_kernels::pool::ThreadPool;
 use vigil_model::kv_cache::{KvCache, KvDtype};
-use vigil_model::loader::{build_weights, LoadQuantization};
+use vigil_model::load::LoadOptions;
+use vigil_model::loader::LoadQuantization;
 use vigil_model::model::Model;
-use vigil_model::safetensors_store::SafetensorsStore;
-use vigil_model::source_hf::HfSource;
 use vigil_model::step_input::{SeqInput, StepInput};
 
 const BLOCK: usize = 4;
@@ -17,18 +14,12 @@ fn load(name: &str, quant: LoadQuantization, threads: usize) -> Model {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/tiny")
         .join(name);
-    let config = vigil_model::hf::load_hf_config(&dir).unwrap();
-    let store = SafetensorsStore::open(&dir).unwrap();
-    let weights = build_weights(
-        &config,
-        &HfSource {
-            store: &store,
-            dir: &dir,
-        },
-        quant,
-    )
-    .unwrap();
-    Model::new(config, weights, Arc::new(ThreadPool::new(threads)))
+    let opts = LoadOptions {
+        threads: Some(threads),
+        quantize: quant,
+        max_context: None,
+    };
+    vigil_model::load::load(&dir, &opts).unwrap().model
 }
 
 /// A sequence being fed in chunks: its tokens, how many are computed, and its blocks.

@@ -3,13 +3,10 @@
 //! position of three prompts, run through the paged KV cache.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use vigil_kernels::pool::ThreadPool;
 use vigil_model::kv_cache::{KvCache, KvDtype};
-use vigil_model::loader::{build_weights, LoadQuantization};
+use vigil_model::load::LoadOptions;
+use vigil_model::loader::LoadQuantization;
 use vigil_model::model::Model;
-use vigil_model::safetensors_store::SafetensorsStore;
-use vigil_model::source_hf::HfSource;
 use vigil_model::step_input::{SeqInput, StepInput};
 
 fn fixture(name: &str) -> PathBuf {
@@ -18,20 +15,15 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-pub fn load_tiny(name: &str, quant: LoadQuantization) -> Model {
-    let dir = fixture(name);
-    let config = vigil_model::hf::load_hf_config(&dir).unwrap();
-    let store = SafetensorsStore::open(&dir).unwrap();
-    let weights = build_weights(
-        &config,
-        &HfSource {
-            store: &store,
-            dir: &dir,
-        },
-        quant,
-    )
-    .unwrap();
-    Model::new(config, weights, Arc::new(ThreadPool::new(2)))
+fn load_tiny(name: &str, quant: LoadQuantization) -> Model {
+    let opts = LoadOptions {
+        threads: Some(2),
+        quantize: quant,
+        max_context: None,
+    };
+    vigil_model::load::load(&fixture(name), &opts)
+        .unwrap()
+        .model
 }
 
 /// (prompt ids, reference logits `[len][vocab]`) for each prompt.
