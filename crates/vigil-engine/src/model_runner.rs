@@ -98,8 +98,4 @@ impl ModelRunner {
             vocab_size,
         }
     }
-
-    pub fn num_step_tokens(&self) -> usize {
-        self.input.num_tokens()
-    }
 }

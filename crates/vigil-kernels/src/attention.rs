@@ -5,8 +5,7 @@
 //! head_dim` values. A query's reduction order depends only on its position and its keys, so
 //! the result is the same alone, chunked or batched (the determinism contract).
 
-use crate::ops::SendPtr;
-use crate::pool::ThreadPool;
+use crate::pool::{SyncPtr, ThreadPool};
 use half::f16;
 use std::cell::RefCell;
 
@@ -219,7 +218,7 @@ pub fn paged_attention<E: KvElem>(
         1
     };
     let head_tiles = shape.num_heads / heads_per_tile;
-    let out_ptr = SendPtr::new(out);
+    let out_ptr = SyncPtr::new(out);
     pool.run(tiles.len() * head_tiles, |task| {
         let (si, r0, r1) = tiles[task / head_tiles];
         let h0 = task % head_tiles * heads_per_tile;

@@ -69,22 +69,3 @@ pub fn add_inplace(acc: &mut [f32], x: &[f32]) {
         *a += v;
     }
 }
-
-/// A raw pointer that may cross into pool tasks that write disjoint ranges of one buffer.
-#[derive(Clone, Copy)]
-pub struct SendPtr<T>(pub *mut T);
-unsafe impl<T> Send for SendPtr<T> {}
-unsafe impl<T> Sync for SendPtr<T> {}
-
-impl<T> SendPtr<T> {
-    pub fn new(s: &mut [T]) -> Self {
-        SendPtr(s.as_mut_ptr())
-    }
-
-    /// # Safety
-    /// `start..start+len` must be in bounds of the original slice and not aliased by another task.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
-        std::slice::from_raw_parts_mut(self.0.add(start), len)
-    }
-}

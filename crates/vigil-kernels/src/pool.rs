@@ -296,3 +296,34 @@ impl std::fmt::Debug for ThreadPool {
         write!(f, "ThreadPool({} threads)", self.shared.num_threads)
     }
 }
+
+/// A raw pointer into one buffer that pool tasks write in disjoint ranges.
+pub struct SyncPtr<T>(pub *mut T);
+
+impl<T> Clone for SyncPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SyncPtr<T> {}
+// SAFETY: users guarantee disjoint access (documented at each use).
+unsafe impl<T> Sync for SyncPtr<T> {}
+unsafe impl<T> Send for SyncPtr<T> {}
+
+impl<T> SyncPtr<T> {
+    pub fn new(s: &mut [T]) -> Self {
+        SyncPtr(s.as_mut_ptr())
+    }
+
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+
+    /// # Safety
+    /// `start..start+len` must be in bounds of the original slice and not aliased by another task.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        std::slice::from_raw_parts_mut(self.0.add(start), len)
+    }
+}

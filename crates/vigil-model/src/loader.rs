@@ -27,7 +27,6 @@ pub enum Part {
 pub trait TensorSource {
     /// Path shown in errors.
     fn path(&self) -> &std::path::Path;
-    fn has_layer_part(&self, layer: usize, part: Part) -> bool;
     fn layer_matrix(&self, layer: usize, part: Part) -> Result<QMatrix>;
     fn layer_vector(&self, layer: usize, part: Part) -> Result<Vec<f32>>;
     /// Expert `e`'s gate, up or down projection of a sparse layer.

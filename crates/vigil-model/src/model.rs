@@ -60,10 +60,6 @@ impl Model {
         }
     }
 
-    pub fn pool(&self) -> &Arc<ThreadPool> {
-        &self.pool
-    }
-
     /// Run one step; returns `sample_rows.len() × vocab` logits.
     pub fn forward(&mut self, input: &StepInput, kv: &mut KvCache) -> &[f32] {
         let c = &self.config;

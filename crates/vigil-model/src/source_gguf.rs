@@ -33,11 +33,6 @@ impl TensorSource for GgufSource<'_> {
     fn path(&self) -> &std::path::Path {
         &self.file.path
     }
-    fn has_layer_part(&self, layer: usize, part: Part) -> bool {
-        self.file
-            .tensor(&format!("blk.{layer}.{}.weight", part_name(part)))
-            .is_some()
-    }
     fn layer_matrix(&self, layer: usize, part: Part) -> Result<QMatrix> {
         self.file
             .tensor_matrix(&format!("blk.{layer}.{}.weight", part_name(part)))

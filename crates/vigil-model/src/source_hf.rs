@@ -36,9 +36,6 @@ impl TensorSource for HfSource<'_> {
     fn path(&self) -> &Path {
         self.dir
     }
-    fn has_layer_part(&self, layer: usize, part: Part) -> bool {
-        self.store.contains(&layer_name(layer, part))
-    }
     fn layer_matrix(&self, layer: usize, part: Part) -> Result<QMatrix> {
         self.store.tensor(&layer_name(layer, part))?.to_matrix()
     }

@@ -1,7 +1,7 @@
 //! Activation quantization for one matmul call into a reused per-thread scratch, in the layout
 //! the kernels read (`Acts32` side arrays `[block][row]`).
 
-use crate::pool::ThreadPool;
+use crate::pool::{SyncPtr, ThreadPool};
 use crate::quant::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1, QK, QK_K};
 use crate::quant::dot::Acts32;
 use crate::quant::quantize::{
@@ -23,24 +23,6 @@ pub struct Scratch {
     s: Vec<f32>,
     ysum: Vec<i32>,
 }
-
-/// A raw pointer the pool's tasks may share; each task touches a disjoint part.
-pub struct SyncPtr<T>(pub *mut T);
-impl<T> Clone for SyncPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SyncPtr<T> {}
-impl<T> SyncPtr<T> {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
-    pub fn get(self) -> *mut T {
-        self.0
-    }
-}
-// SAFETY: users guarantee disjoint access (documented at each use).
-unsafe impl<T> Sync for SyncPtr<T> {}
-unsafe impl<T> Send for SyncPtr<T> {}
 
 /// Quantize the `m` rows of `x` (`cols` each) into `out` (`nb` blocks per row) with `q`.
 fn quantize_rows<B: Send>(

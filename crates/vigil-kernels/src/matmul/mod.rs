@@ -13,11 +13,12 @@
 mod acts;
 
 use crate::cpu;
+use crate::pool::SyncPtr;
 use crate::pool::ThreadPool;
 use crate::quant::blocks::*;
 use crate::quant::dot::{scalar, Acts32};
 use crate::{DType, QMatrix};
-use acts::{Quantizer, Scratch, SyncPtr};
+use acts::{Quantizer, Scratch};
 use std::cell::RefCell;
 
 /// Weight rows are split between threads in multiples of this (the decode tile's width).
