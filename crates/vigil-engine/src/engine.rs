@@ -18,11 +18,20 @@ pub struct TokenOutput {
     pub finished: Option<FinishReason>,
 }
 
+/// What the last `step()` computed: prompt tokens (prefill, including recompute after
+/// preemption) and generated-token inputs (decode).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepStats {
+    pub num_prefill_tokens: usize,
+    pub num_decode_tokens: usize,
+}
+
 pub struct LlmEngine {
     pub runner: ModelRunner,
     pub pool: SharedBlockPool,
     pub scheduler: Scheduler,
     pub seqs: HashMap<SeqId, Sequence>,
+    pub last_step: StepStats,
     next_id: SeqId,
     logits_row: Vec<f32>,
 }
@@ -35,6 +44,7 @@ impl LlmEngine {
             pool,
             scheduler: Scheduler::new(config),
             seqs: HashMap::new(),
+            last_step: StepStats::default(),
             next_id: 1,
             logits_row: Vec::new(),
         }
@@ -76,8 +86,19 @@ impl LlmEngine {
     /// more than the block pool holds, a bug reported instead of a panic.
     pub fn step(&mut self) -> Result<Vec<TokenOutput>, OutOfBlocks> {
         let plan = self.scheduler.schedule(&mut self.seqs, &self.pool);
+        self.last_step = StepStats::default();
         if plan.seqs.is_empty() {
             return Ok(Vec::new());
+        }
+        for s in &plan.seqs {
+            if let Some(seq) = self.seqs.get(&s.seq_id) {
+                let prompt_left = seq
+                    .num_prompt_tokens
+                    .saturating_sub(seq.num_computed_tokens)
+                    .min(s.num_tokens);
+                self.last_step.num_prefill_tokens += prompt_left;
+                self.last_step.num_decode_tokens += s.num_tokens - prompt_left;
+            }
         }
         let sampling = self.runner.prepare(&plan, &mut self.seqs)?;
         let step = self.runner.run(sampling);

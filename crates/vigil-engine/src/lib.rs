@@ -5,6 +5,7 @@
 pub mod block_pool;
 pub mod block_table;
 pub mod engine;
+pub mod engine_thread;
 pub mod model_runner;
 pub mod sampling;
 pub mod scheduler;

@@ -1,7 +1,8 @@
-//! The `vigil` binary: `generate` and `pull` (and, later, `serve` and `bench`).
+//! The `vigil` binary: `serve`, `generate` and `pull`.
 
 mod generate;
 mod pull;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -14,6 +15,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI and Anthropic APIs (default http://127.0.0.1:8080).
+    Serve(serve::ServeArgs),
     /// Generate text from a prompt, streaming it to stdout.
     Generate(generate::GenerateArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct Q4_1) into the cache directory.
@@ -22,7 +25,15 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("VIGIL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match cli.command {
+        Command::Serve(args) => serve::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Pull(args) => pull::run(args).map(|path| println!("{}", path.display())),
     }

@@ -1,0 +1,391 @@
+//! The engine thread and its handle. One OS thread owns the `LlmEngine` (sequences, blocks,
+//! scheduler) as plain data and runs `step()` in a loop; async callers hold an `EngineHandle`
+//! and talk to it through commands. Each request gets its own event channel; dropping the
+//! `RequestStream` (a client that went away) aborts the sequence and frees its KV at once.
+
+use crate::engine::LlmEngine;
+use crate::sampling::SamplingParams;
+use crate::sequence::{FinishReason, SeqId, StopCriteria};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc as tokio_mpsc;
+
+/// What a caller asks the engine to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub stop: StopCriteria,
+}
+
+/// One event of a request's life, in order: tokens, then exactly one `Finished`.
+#[derive(Debug, Clone)]
+pub enum RequestEvent {
+    /// Sent once, when the sequence is first admitted: how much of the prompt the prefix
+    /// cache already held.
+    Admitted { num_cached_tokens: usize },
+    Token {
+        token: u32,
+        logprob: f32,
+        top_logprobs: Vec<(u32, f32)>,
+    },
+    Finished {
+        reason: FinishReason,
+        num_prompt_tokens: usize,
+        num_cached_tokens: usize,
+        num_output_tokens: usize,
+    },
+    /// The engine could not run the request (an internal fault, reported not panicked).
+    Failed(String),
+}
+
+enum Command {
+    Submit {
+        request_id: u64,
+        request: GenerateRequest,
+        events: tokio_mpsc::UnboundedSender<RequestEvent>,
+        submitted_at: Instant,
+    },
+    Abort {
+        request_id: u64,
+    },
+}
+
+/// Counters the engine publishes after every step; the HTTP side reads them without locks.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub steps: AtomicU64,
+    pub preemptions: AtomicU64,
+    pub waiting: AtomicUsize,
+    pub running: AtomicUsize,
+    pub kv_blocks_total: AtomicUsize,
+    pub kv_blocks_free: AtomicUsize,
+    pub kv_block_size: AtomicUsize,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub prefix_cached_tokens: AtomicU64,
+    /// Prompt tokens of admitted requests that could have hit the cache (for the hit rate).
+    pub prefix_queried_tokens: AtomicU64,
+    pub prefill_tokens: AtomicU64,
+    pub decode_tokens: AtomicU64,
+    /// Steps that computed at least one prompt token, and their total time.
+    pub prefill_steps: AtomicU64,
+    pub prefill_step_ns: AtomicU64,
+    /// Steps that only decoded, and their total time.
+    pub decode_steps: AtomicU64,
+    pub decode_step_ns: AtomicU64,
+    /// Requests submitted and not yet finished (queued or running).
+    pub in_flight: AtomicUsize,
+    pub step_ns_buckets: StepHistogram,
+}
+
+/// Step durations by kind, in fixed buckets (seconds), for the Prometheus histogram.
+#[derive(Debug, Default)]
+pub struct StepHistogram {
+    pub prefill: [AtomicU64; STEP_BUCKETS.len() + 1],
+    pub decode: [AtomicU64; STEP_BUCKETS.len() + 1],
+}
+
+pub const STEP_BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+fn bucket_index(seconds: f64) -> usize {
+    STEP_BUCKETS
+        .iter()
+        .position(|&b| seconds <= b)
+        .unwrap_or(STEP_BUCKETS.len())
+}
+
+/// A cloneable handle to the engine thread. When the last handle drops, the thread finishes
+/// what is in flight and exits.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: mpsc::Sender<Command>,
+    next_request_id: Arc<AtomicU64>,
+    pub stats: Arc<EngineStats>,
+}
+
+/// A submitted request's events. Dropping it aborts the request if it has not finished.
+pub struct RequestStream {
+    request_id: u64,
+    events: tokio_mpsc::UnboundedReceiver<RequestEvent>,
+    commands: mpsc::Sender<Command>,
+    finished: bool,
+}
+
+impl RequestStream {
+    pub async fn next(&mut self) -> Option<RequestEvent> {
+        let ev = self.events.recv().await;
+        if matches!(
+            ev,
+            None | Some(RequestEvent::Finished { .. }) | Some(RequestEvent::Failed(_))
+        ) {
+            self.finished = true;
+        }
+        ev
+    }
+
+    pub fn request_id(&self) -> u64 {
+        self.request_id
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = self.commands.send(Command::Abort {
+                request_id: self.request_id,
+            });
+        }
+    }
+}
+
+/// The engine thread has exited (it panicked or was shut down).
+#[derive(Debug, thiserror::Error)]
+#[error("the engine is not running")]
+pub struct EngineGone;
+
+impl EngineHandle {
+    /// Start the engine thread; `build` runs on it and makes the engine (so the model never
+    /// has to cross threads).
+    pub fn spawn<F>(build: F) -> std::io::Result<EngineHandle>
+    where
+        F: FnOnce() -> LlmEngine + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(EngineStats::default());
+        let thread_stats = stats.clone();
+        std::thread::Builder::new()
+            .name("vigil-engine".into())
+            .spawn(move || EngineLoop::new(build(), rx, thread_stats).run())?;
+        Ok(EngineHandle {
+            commands: tx,
+            next_request_id: Arc::new(AtomicU64::new(1)),
+            stats,
+        })
+    }
+
+    pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, EngineGone> {
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let (events_tx, events_rx) = tokio_mpsc::unbounded_channel();
+        self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        let sent = self.commands.send(Command::Submit {
+            request_id,
+            request,
+            events: events_tx,
+            submitted_at: Instant::now(),
+        });
+        if sent.is_err() {
+            self.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+            return Err(EngineGone);
+        }
+        Ok(RequestStream {
+            request_id,
+            events: events_rx,
+            commands: self.commands.clone(),
+            finished: false,
+        })
+    }
+}
+
+struct Live {
+    seq_id: SeqId,
+    events: tokio_mpsc::UnboundedSender<RequestEvent>,
+    admitted: bool,
+}
+
+struct EngineLoop {
+    engine: LlmEngine,
+    commands: mpsc::Receiver<Command>,
+    stats: Arc<EngineStats>,
+    live: HashMap<u64, Live>,
+    by_seq: HashMap<SeqId, u64>,
+    disconnected: bool,
+}
+
+impl EngineLoop {
+    fn new(engine: LlmEngine, commands: mpsc::Receiver<Command>, stats: Arc<EngineStats>) -> Self {
+        let me = EngineLoop {
+            engine,
+            commands,
+            stats,
+            live: HashMap::new(),
+            by_seq: HashMap::new(),
+            disconnected: false,
+        };
+        me.publish();
+        me
+    }
+
+    fn run(mut self) {
+        loop {
+            if self.live.is_empty() {
+                if self.disconnected {
+                    return;
+                }
+                match self.commands.recv() {
+                    Ok(cmd) => self.apply(cmd),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match self.commands.try_recv() {
+                    Ok(cmd) => self.apply(cmd),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        self.disconnected = true;
+                        break;
+                    }
+                }
+            }
+            if self.engine.has_work() {
+                self.step();
+            }
+            self.publish();
+        }
+    }
+
+    fn apply(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit {
+                request_id,
+                request,
+                events,
+                submitted_at: _,
+            } => {
+                let seq_id = self
+                    .engine
+                    .add_request(request.prompt, request.params, request.stop);
+                self.by_seq.insert(seq_id, request_id);
+                self.live.insert(
+                    request_id,
+                    Live {
+                        seq_id,
+                        events,
+                        admitted: false,
+                    },
+                );
+            }
+            Command::Abort { request_id } => self.abort(request_id),
+        }
+    }
+
+    fn abort(&mut self, request_id: u64) {
+        if let Some(live) = self.live.remove(&request_id) {
+            self.engine.abort(live.seq_id);
+            self.by_seq.remove(&live.seq_id);
+            self.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn step(&mut self) {
+        let started = Instant::now();
+        let result = self.engine.step();
+        let elapsed = started.elapsed();
+        let outputs = match result {
+            Ok(o) => o,
+            Err(e) => {
+                // A scheduler bug: fail every request rather than panic the thread.
+                let ids: Vec<u64> = self.live.keys().copied().collect();
+                for id in ids {
+                    if let Some(live) = self.live.get(&id) {
+                        let _ = live.events.send(RequestEvent::Failed(e.to_string()));
+                    }
+                    self.abort(id);
+                }
+                return;
+            }
+        };
+        let st = self.stats.clone();
+        st.steps.fetch_add(1, Ordering::Relaxed);
+        let last = self.engine.last_step;
+        st.prefill_tokens
+            .fetch_add(last.num_prefill_tokens as u64, Ordering::Relaxed);
+        st.decode_tokens
+            .fetch_add(last.num_decode_tokens as u64, Ordering::Relaxed);
+        let ns = elapsed.as_nanos() as u64;
+        let bucket = bucket_index(elapsed.as_secs_f64());
+        if last.num_prefill_tokens > 0 {
+            st.prefill_steps.fetch_add(1, Ordering::Relaxed);
+            st.prefill_step_ns.fetch_add(ns, Ordering::Relaxed);
+            st.step_ns_buckets.prefill[bucket].fetch_add(1, Ordering::Relaxed);
+        } else if last.num_decode_tokens > 0 {
+            st.decode_steps.fetch_add(1, Ordering::Relaxed);
+            st.decode_step_ns.fetch_add(ns, Ordering::Relaxed);
+            st.step_ns_buckets.decode[bucket].fetch_add(1, Ordering::Relaxed);
+        }
+
+        for out in outputs {
+            let Some(&request_id) = self.by_seq.get(&out.seq_id) else {
+                continue;
+            };
+            let Some(live) = self.live.get_mut(&request_id) else {
+                continue;
+            };
+            let mut gone = false;
+            if !live.admitted {
+                live.admitted = true;
+                let cached = self
+                    .engine
+                    .seqs
+                    .get(&out.seq_id)
+                    .map_or(0, |s| s.num_cached_tokens);
+                gone |= live
+                    .events
+                    .send(RequestEvent::Admitted {
+                        num_cached_tokens: cached,
+                    })
+                    .is_err();
+            }
+            st.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            gone |= live
+                .events
+                .send(RequestEvent::Token {
+                    token: out.token,
+                    logprob: out.logprob,
+                    top_logprobs: out.top_logprobs,
+                })
+                .is_err();
+            if let Some(reason) = out.finished {
+                if let Some(seq) = self.engine.take_finished(out.seq_id) {
+                    st.prompt_tokens
+                        .fetch_add(seq.num_prompt_tokens as u64, Ordering::Relaxed);
+                    st.prefix_cached_tokens
+                        .fetch_add(seq.num_cached_tokens as u64, Ordering::Relaxed);
+                    st.prefix_queried_tokens
+                        .fetch_add(seq.num_prompt_tokens as u64, Ordering::Relaxed);
+                    let _ = live.events.send(RequestEvent::Finished {
+                        reason,
+                        num_prompt_tokens: seq.num_prompt_tokens,
+                        num_cached_tokens: seq.num_cached_tokens,
+                        num_output_tokens: seq.num_output_tokens(),
+                    });
+                }
+                self.by_seq.remove(&out.seq_id);
+                self.live.remove(&request_id);
+                st.in_flight.fetch_sub(1, Ordering::Relaxed);
+            } else if gone {
+                // The caller dropped its receiver without an abort reaching us yet.
+                self.abort(request_id);
+            }
+        }
+    }
+
+    fn publish(&self) {
+        let st = &self.stats;
+        let pool = self.engine.pool.borrow();
+        st.kv_blocks_total
+            .store(pool.num_blocks(), Ordering::Relaxed);
+        st.kv_blocks_free
+            .store(pool.num_free_blocks(), Ordering::Relaxed);
+        st.kv_block_size.store(pool.block_size(), Ordering::Relaxed);
+        st.waiting
+            .store(self.engine.scheduler.waiting.len(), Ordering::Relaxed);
+        st.running
+            .store(self.engine.scheduler.running.len(), Ordering::Relaxed);
+        st.preemptions
+            .store(self.engine.scheduler.num_preemptions, Ordering::Relaxed);
+    }
+}

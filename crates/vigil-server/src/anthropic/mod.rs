@@ -1,0 +1,5 @@
+//! Anthropic-compatible routes.
+
+pub mod convert;
+pub mod messages;
+pub mod types;

@@ -1,0 +1,359 @@
+//! One request's generation, route-independent: admission checks (context length, overload),
+//! submission to the engine, incremental detokenization, stop strings, and the usage figures.
+//! A task per request owns the engine stream; the route reads `GenEvent`s from a channel.
+//! When the route drops its receiver (the client went away), the task sees the channel close,
+//! drops its `RequestStream`, and the engine aborts the sequence and frees its KV.
+
+use crate::error::ApiError;
+use crate::metrics::Outcome;
+use crate::state::SharedState;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use tokio::sync::mpsc;
+use vigil_engine::engine_thread::{GenerateRequest, RequestEvent};
+use vigil_engine::sampling::SamplingParams;
+use vigil_engine::sequence::{FinishReason, StopCriteria};
+use vigil_model::tokenizer::IncrementalDetokenizer;
+
+/// Everything a route decided about one generation.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// `None`: until the context is full.
+    pub max_tokens: Option<usize>,
+    pub stop_strings: Vec<String>,
+    pub ignore_eos: bool,
+    /// Decode each token's text and its alternatives (for `logprobs`).
+    pub want_token_text: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct TokenInfo {
+    pub id: u32,
+    pub text: String,
+    pub logprob: f32,
+    pub top: Vec<(u32, String, f32)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// End of sequence token.
+    Eos,
+    /// One of the request's stop strings (not included in the text).
+    StopString(String),
+    /// `max_tokens`, or the context filled up.
+    Length { context_full: bool },
+}
+
+#[derive(Debug, Clone)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+#[derive(Debug)]
+pub enum GenEvent {
+    /// New text (possibly empty while held back for a stop string) and the tokens behind it.
+    Delta {
+        text: String,
+        tokens: Vec<TokenInfo>,
+    },
+    Done {
+        finish: Finish,
+        usage: Usage,
+    },
+    Failed(ApiError),
+}
+
+/// Checks admission and starts the request; errors here are returned before anything streams.
+pub fn start(
+    state: &SharedState,
+    params: GenParams,
+) -> Result<mpsc::UnboundedReceiver<GenEvent>, ApiError> {
+    let prompt_len = params.prompt.len();
+    if prompt_len == 0 {
+        return Err(ApiError::bad_request("the prompt is empty"));
+    }
+    if prompt_len >= state.max_model_len {
+        return Err(ApiError::context_length(prompt_len, state.max_model_len));
+    }
+    let room = state.max_model_len - prompt_len;
+    let max_tokens = params.max_tokens.map_or(room, |m| m.min(room));
+    let context_capped = params.max_tokens.is_none_or(|m| m > room);
+    let stats = &state.engine.stats;
+    let capacity = state.config.max_seqs + state.config.max_queue;
+    if stats.in_flight.load(Ordering::Relaxed) >= capacity {
+        state
+            .metrics
+            .requests_rejected_overload
+            .fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::overloaded(format!(
+            "the server is at capacity ({} running, {} queued); retry later",
+            state.config.max_seqs, state.config.max_queue
+        )));
+    }
+    let stop = StopCriteria {
+        max_tokens,
+        stop_token_ids: state.tokenizer.eos_token_ids().to_vec(),
+        ignore_eos: params.ignore_eos,
+    };
+    let tail_start = prompt_len.saturating_sub(4);
+    let prompt_tail = params.prompt[tail_start..].to_vec();
+    let stream = state
+        .engine
+        .submit(GenerateRequest {
+            prompt: params.prompt,
+            params: params.sampling,
+            stop,
+        })
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    state.metrics.requests_started.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let state = state.clone();
+    let arrived = Instant::now();
+    tokio::spawn(async move {
+        let ctx = DriveCtx {
+            prompt_len,
+            prompt_tail,
+            stop_strings: params.stop_strings,
+            want_token_text: params.want_token_text,
+            context_capped,
+            arrived,
+        };
+        let outcome = drive(&state, stream, tx, ctx).await;
+        state.metrics.record(outcome);
+        state.metrics.e2e.observe(arrived.elapsed().as_secs_f64());
+    });
+    Ok(rx)
+}
+
+struct DriveCtx {
+    prompt_len: usize,
+    prompt_tail: Vec<u32>,
+    stop_strings: Vec<String>,
+    want_token_text: bool,
+    context_capped: bool,
+    arrived: Instant,
+}
+
+async fn drive(
+    state: &SharedState,
+    mut stream: vigil_engine::engine_thread::RequestStream,
+    tx: mpsc::UnboundedSender<GenEvent>,
+    ctx: DriveCtx,
+) -> Outcome {
+    let tokenizer = state.tokenizer.clone();
+    let mut detok = IncrementalDetokenizer::new(&tokenizer, &ctx.prompt_tail, true);
+    let mut stops = StopMatcher::new(ctx.stop_strings.clone());
+    let (want_token_text, context_capped, arrived) =
+        (ctx.want_token_text, ctx.context_capped, ctx.arrived);
+    let mut cached_tokens = 0;
+    let mut num_tokens = 0usize;
+    let mut last_token_at: Option<Instant> = None;
+    let mut pending_tokens: Vec<TokenInfo> = Vec::new();
+    loop {
+        let event = tokio::select! {
+            ev = stream.next() => ev,
+            _ = tx.closed() => return Outcome::Cancelled,
+        };
+        let Some(event) = event else {
+            let _ = tx.send(GenEvent::Failed(ApiError::internal("the engine stopped")));
+            return Outcome::ServerError;
+        };
+        match event {
+            RequestEvent::Admitted { num_cached_tokens } => cached_tokens = num_cached_tokens,
+            RequestEvent::Token {
+                token,
+                logprob,
+                top_logprobs,
+            } => {
+                let now = Instant::now();
+                match last_token_at {
+                    None => state.metrics.ttft.observe((now - arrived).as_secs_f64()),
+                    Some(t) => state.metrics.inter_token.observe((now - t).as_secs_f64()),
+                }
+                last_token_at = Some(now);
+                num_tokens += 1;
+                let piece = match detok.push(token) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = tx.send(GenEvent::Failed(ApiError::internal(e.to_string())));
+                        return Outcome::ServerError;
+                    }
+                };
+                if want_token_text {
+                    pending_tokens.push(token_info(&tokenizer, token, logprob, &top_logprobs));
+                }
+                let (text, hit) = stops.push(&piece);
+                if let Some(matched) = hit {
+                    let _ = tx.send(GenEvent::Delta {
+                        text,
+                        tokens: std::mem::take(&mut pending_tokens),
+                    });
+                    let _ = tx.send(GenEvent::Done {
+                        finish: Finish::StopString(matched),
+                        usage: Usage {
+                            prompt_tokens: ctx.prompt_len,
+                            cached_tokens,
+                            completion_tokens: num_tokens,
+                        },
+                    });
+                    return Outcome::Ok;
+                }
+                if (!text.is_empty() || !pending_tokens.is_empty())
+                    && tx
+                        .send(GenEvent::Delta {
+                            text,
+                            tokens: std::mem::take(&mut pending_tokens),
+                        })
+                        .is_err()
+                {
+                    return Outcome::Cancelled;
+                }
+            }
+            RequestEvent::Finished {
+                reason,
+                num_prompt_tokens,
+                num_cached_tokens,
+                num_output_tokens,
+            } => {
+                let tail = detok.flush();
+                let text = stops.finish(&tail);
+                if !text.is_empty() {
+                    let _ = tx.send(GenEvent::Delta {
+                        text,
+                        tokens: Vec::new(),
+                    });
+                }
+                let finish = match reason {
+                    FinishReason::Stop => Finish::Eos,
+                    FinishReason::Length | FinishReason::Abort => Finish::Length {
+                        context_full: context_capped,
+                    },
+                };
+                let _ = tx.send(GenEvent::Done {
+                    finish,
+                    usage: Usage {
+                        prompt_tokens: num_prompt_tokens,
+                        cached_tokens: num_cached_tokens,
+                        completion_tokens: num_output_tokens,
+                    },
+                });
+                return Outcome::Ok;
+            }
+            RequestEvent::Failed(msg) => {
+                let _ = tx.send(GenEvent::Failed(ApiError::internal(msg)));
+                return Outcome::ServerError;
+            }
+        }
+    }
+}
+
+fn token_info(
+    tokenizer: &vigil_model::tokenizer::Tokenizer,
+    token: u32,
+    logprob: f32,
+    top: &[(u32, f32)],
+) -> TokenInfo {
+    let text_of = |id: u32| tokenizer.decode(&[id], false).unwrap_or_default();
+    TokenInfo {
+        id: token,
+        text: text_of(token),
+        logprob,
+        top: top.iter().map(|&(id, lp)| (id, text_of(id), lp)).collect(),
+    }
+}
+
+/// Finds the first stop string in the generated text, holding back any tail that could still
+/// become one so that a stop string never leaks to the client.
+struct StopMatcher {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl StopMatcher {
+    fn new(stops: Vec<String>) -> Self {
+        StopMatcher {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            held: String::new(),
+        }
+    }
+
+    /// Returns the text safe to emit, and the stop string if one completed.
+    fn push(&mut self, piece: &str) -> (String, Option<String>) {
+        if self.stops.is_empty() {
+            return (piece.to_string(), None);
+        }
+        self.held.push_str(piece);
+        let first = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()).map(|i| (i, s)))
+            .min_by_key(|&(i, _)| i);
+        if let Some((i, s)) = first {
+            let matched = s.clone();
+            let text = self.held[..i].to_string();
+            self.held.clear();
+            return (text, Some(matched));
+        }
+        let keep = self
+            .stops
+            .iter()
+            .map(|s| longest_suffix_prefix(&self.held, s))
+            .max()
+            .unwrap_or(0);
+        let cut = self.held.len() - keep;
+        let text = self.held[..cut].to_string();
+        self.held.drain(..cut);
+        (text, None)
+    }
+
+    fn finish(&mut self, tail: &str) -> String {
+        let (mut text, _) = self.push(tail);
+        text.push_str(&std::mem::take(&mut self.held));
+        text
+    }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of `stop`, on char bounds.
+fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
+    let max = text.len().min(stop.len().saturating_sub(1));
+    (1..=max)
+        .rev()
+        .find(|&n| {
+            let start = text.len() - n;
+            text.is_char_boundary(start) && stop.as_bytes().starts_with(&text.as_bytes()[start..])
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_string_split_over_pieces_never_leaks() {
+        let mut m = StopMatcher::new(vec!["STOP".into()]);
+        let mut out = String::new();
+        for p in ["hello S", "TO", "x more ST", "OP tail"] {
+            let (t, hit) = m.push(p);
+            out.push_str(&t);
+            if let Some(s) = hit {
+                assert_eq!(s, "STOP");
+                assert_eq!(out, "hello STOx more ");
+                return;
+            }
+        }
+        panic!("stop string not found");
+    }
+
+    #[test]
+    fn held_text_is_released_at_the_end() {
+        let mut m = StopMatcher::new(vec!["END".into()]);
+        let (t, _) = m.push("abcE");
+        assert_eq!(t, "abc");
+        assert_eq!(m.finish("N"), "EN");
+    }
+}

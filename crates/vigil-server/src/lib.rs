@@ -1,0 +1,20 @@
+//! Vigil's HTTP edge: OpenAI (`/v1/chat/completions`, `/v1/completions`, `/v1/models`) and
+//! Anthropic (`/v1/messages`) surfaces over one engine thread, with `/health`, Prometheus
+//! `/metrics`, API keys, body limits and bounded admission.
+
+pub mod anthropic;
+pub mod error;
+pub mod extract;
+pub mod generate;
+pub mod ids;
+pub mod metrics;
+pub mod openai;
+pub mod output;
+pub mod prompt;
+pub mod routes;
+pub mod sse;
+pub mod startup;
+pub mod state;
+
+pub use startup::{serve, EngineOptions};
+pub use state::ServerConfig;

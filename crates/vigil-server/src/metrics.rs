@@ -1,0 +1,156 @@
+//! The server's own counters (requests by outcome, latency histograms) and the Prometheus text
+//! exposition of them together with the engine's published `EngineStats`.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use vigil_engine::engine_thread::{EngineStats, STEP_BUCKETS};
+
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, seconds: f64) {
+        let i = LATENCY_BUCKETS
+            .iter()
+            .position(|&b| seconds <= b)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
+            cum += self.buckets[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+        }
+        cum += self.buckets[LATENCY_BUCKETS.len()].load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cum}");
+    }
+}
+
+/// How a request ended, for `vigil_requests_total{status=...}` and `/health`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    ClientError,
+    ServerError,
+    Cancelled,
+}
+
+#[derive(Debug, Default)]
+pub struct ServerMetrics {
+    pub requests_started: AtomicU64,
+    pub requests_ok: AtomicU64,
+    pub requests_client_error: AtomicU64,
+    pub requests_server_error: AtomicU64,
+    pub requests_cancelled: AtomicU64,
+    pub requests_rejected_overload: AtomicU64,
+    pub connections: AtomicU64,
+    pub tool_calls_malformed: AtomicU64,
+    pub ttft: Histogram,
+    pub inter_token: Histogram,
+    pub e2e: Histogram,
+}
+
+impl ServerMetrics {
+    pub fn record(&self, outcome: Outcome) {
+        let c = match outcome {
+            Outcome::Ok => &self.requests_ok,
+            Outcome::ClientError => &self.requests_client_error,
+            Outcome::ServerError => &self.requests_server_error,
+            Outcome::Cancelled => &self.requests_cancelled,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn render(&self, engine: &EngineStats) -> String {
+        let mut out = String::with_capacity(8192);
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP vigil_requests_total Requests by how they ended.\n# TYPE vigil_requests_total counter"
+        );
+        for (status, v) in [
+            ("ok", l(&self.requests_ok)),
+            ("client_error", l(&self.requests_client_error)),
+            ("server_error", l(&self.requests_server_error)),
+            ("cancelled", l(&self.requests_cancelled)),
+            ("overloaded", l(&self.requests_rejected_overload)),
+        ] {
+            let _ = writeln!(out, "vigil_requests_total{{status=\"{status}\"}} {v}");
+        }
+        let counters: [(&str, &str, u64); 9] = [
+            ("vigil_prompt_tokens_total", "Prompt tokens of finished requests.", l(&engine.prompt_tokens)),
+            ("vigil_generated_tokens_total", "Tokens generated.", l(&engine.generated_tokens)),
+            ("vigil_prefix_cached_tokens_total", "Prompt tokens served from the prefix cache.", l(&engine.prefix_cached_tokens)),
+            ("vigil_prefill_tokens_total", "Prompt tokens computed (including recompute after preemption).", l(&engine.prefill_tokens)),
+            ("vigil_decode_tokens_total", "Decode tokens computed.", l(&engine.decode_tokens)),
+            ("vigil_preemptions_total", "Sequences preempted by recompute.", l(&engine.preemptions)),
+            ("vigil_steps_total", "Engine steps run.", l(&engine.steps)),
+            ("vigil_tool_calls_malformed_total", "Tool calls whose arguments were not valid JSON.", l(&self.tool_calls_malformed)),
+            ("vigil_requests_started_total", "Requests accepted.", l(&self.requests_started)),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
+        let queried = l(&engine.prefix_queried_tokens);
+        let hit_rate = if queried == 0 {
+            0.0
+        } else {
+            l(&engine.prefix_cached_tokens) as f64 / queried as f64
+        };
+        let prefill_steps = l(&engine.prefill_steps);
+        let mean_prefill = if prefill_steps == 0 {
+            0.0
+        } else {
+            l(&engine.prefill_tokens) as f64 / prefill_steps as f64
+        };
+        let u = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed) as f64;
+        let gauges: [(&str, &str, f64); 7] = [
+            ("vigil_queue_depth", "Requests waiting to be admitted.", u(&engine.waiting)),
+            ("vigil_running_sequences", "Sequences being computed.", u(&engine.running)),
+            ("vigil_kv_blocks_total", "KV cache blocks in the pool.", u(&engine.kv_blocks_total)),
+            ("vigil_kv_blocks_free", "KV cache blocks free (including cached, evictable ones).", u(&engine.kv_blocks_free)),
+            ("vigil_kv_blocks_used", "KV cache blocks held by sequences.", u(&engine.kv_blocks_total) - u(&engine.kv_blocks_free)),
+            ("vigil_prefix_cache_hit_rate", "Share of finished requests' prompt tokens served from the prefix cache.", hit_rate),
+            ("vigil_prefill_tokens_per_step", "Mean prompt tokens computed per step that computed any.", mean_prefill),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        self.ttft.render(&mut out, "vigil_time_to_first_token_seconds", "Time from request arrival to its first token.");
+        self.inter_token.render(&mut out, "vigil_inter_token_latency_seconds", "Time between consecutive tokens of a request.");
+        self.e2e.render(&mut out, "vigil_request_duration_seconds", "Time from request arrival to its end.");
+        let name = "vigil_step_duration_seconds";
+        let _ = writeln!(out, "# HELP {name} Engine step time by kind (steps with any prompt token count as prefill).\n# TYPE {name} histogram");
+        for (kind, buckets, sum_ns) in [
+            ("prefill", &engine.step_ns_buckets.prefill, l(&engine.prefill_step_ns)),
+            ("decode", &engine.step_ns_buckets.decode, l(&engine.decode_step_ns)),
+        ] {
+            let mut cum = 0;
+            for (i, b) in STEP_BUCKETS.iter().enumerate() {
+                cum += buckets[i].load(Ordering::Relaxed);
+                let _ = writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"{b}\"}} {cum}");
+            }
+            cum += buckets[STEP_BUCKETS.len()].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"+Inf\"}} {cum}");
+            let _ = writeln!(out, "{name}_sum{{kind=\"{kind}\"}} {}", sum_ns as f64 / 1e9);
+            let _ = writeln!(out, "{name}_count{{kind=\"{kind}\"}} {cum}");
+        }
+        out
+    }
+}

@@ -1,0 +1,361 @@
+//! `POST /v1/chat/completions`: render → generate → split reasoning and tool calls, as one
+//! JSON reply or as SSE `chat.completion.chunk`s ending in `data: [DONE]`.
+
+use super::messages::{template_messages, template_tools, tool_mode, ToolMode};
+use super::params::{max_tokens, sampling_params, stop_strings, MAX_TOP_LOGPROBS};
+use super::types::ChatCompletionRequest;
+use crate::error::{ApiError, Flavor};
+use crate::extract::parse_body;
+use crate::generate::{self, Finish, GenEvent, GenParams, TokenInfo, Usage};
+use crate::output::{OutDelta, OutputParser, ToolCall};
+use crate::prompt::{render_chat, template_kwargs, ChatPromptSpec};
+use crate::sse;
+use crate::state::SharedState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+pub async fn chat_completions(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match handle(state.clone(), headers, body).await {
+        Ok(r) => r,
+        Err(e) => crate::routes::error_response(&state, e),
+    }
+}
+
+struct Plan {
+    stream: bool,
+    include_usage: bool,
+    logprobs: bool,
+    thinking: Option<bool>,
+    tool_format: Option<vigil_model::tool_parser::ToolCallFormat>,
+    forced: Option<crate::output::ForcedCall>,
+    parallel_tool_calls: bool,
+    include_reasoning: bool,
+}
+
+async fn handle(
+    state: SharedState,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse_body(body, Flavor::OpenAi)?;
+    crate::routes::check_session_header(&headers)?;
+    let messages = template_messages(&req.messages)?;
+    let mode = tool_mode(req.tool_choice.as_ref(), req.tools.as_deref(), "tool_choice")?;
+    let tools = match (&req.tools, &mode) {
+        (Some(t), m) if !t.is_empty() && *m != ToolMode::None => Some(template_tools(t)?),
+        _ => None,
+    };
+    let mut kwargs = template_kwargs(
+        req.chat_template_kwargs.as_ref(),
+        req.reasoning_effort.as_deref(),
+        "chat_template_kwargs",
+    )?;
+    let thinking_asked = kwargs.get("enable_thinking").and_then(Value::as_bool);
+    let forced = matches!(mode, ToolMode::Required | ToolMode::Named(_));
+    let tool_format = if tools.is_some() { state.tool_format } else { None };
+    let mut forced_call = None;
+    if forced {
+        if state.tool_format.is_none() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "this model's chat template has no tool-call format, so a call cannot be forced",
+            ));
+        };
+        if thinking_asked != Some(true) {
+            if state.supports_thinking {
+                kwargs.insert("enable_thinking".into(), Value::Bool(false));
+            }
+            let name = match &mode {
+                ToolMode::Named(n) => Some(n.clone()),
+                _ => None,
+            };
+            forced_call = Some(crate::output::ForcedCall { name });
+        }
+    }
+    let logprobs = req.logprobs.unwrap_or(false);
+    if let Some(n) = req.top_logprobs {
+        if n > MAX_TOP_LOGPROBS {
+            return Err(ApiError::invalid("top_logprobs", "must be in [0, 20]"));
+        }
+        if !logprobs {
+            return Err(ApiError::invalid("top_logprobs", "requires `logprobs: true`"));
+        }
+    }
+    let sampling = sampling_params(
+        &req.common(),
+        state.tokenizer.vocab_size(),
+        logprobs.then_some(req.top_logprobs.unwrap_or(0)),
+    )?;
+    let stop = stop_strings(&req.stop, "stop")?;
+    let max_tokens = match req.max_tokens {
+        Some(_) => max_tokens(req.max_tokens, "max_tokens")?,
+        None => max_tokens(req.max_completion_tokens, "max_completion_tokens")?,
+    };
+    let prompt = render_chat(
+        &state,
+        ChatPromptSpec {
+            messages: &messages,
+            tools: tools.as_ref(),
+            kwargs,
+            forced: forced_call.clone(),
+        },
+    )
+    .await?;
+    let thinking = state
+        .supports_thinking
+        .then_some(prompt.starts_in_thinking);
+    let plan = Plan {
+        stream: req.stream.unwrap_or(false),
+        include_usage: req
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            == Some(true),
+        logprobs,
+        thinking,
+        tool_format,
+        forced: forced_call,
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+        include_reasoning: req.include_reasoning.unwrap_or(true),
+    };
+    let rx = generate::start(
+        &state,
+        GenParams {
+            prompt: prompt.ids,
+            sampling,
+            max_tokens,
+            stop_strings: stop,
+            ignore_eos: req.ignore_eos.unwrap_or(false),
+            want_token_text: logprobs,
+        },
+    )?;
+    let id = crate::ids::new_id("chatcmpl-");
+    let created = crate::ids::unix_now();
+    if plan.stream {
+        Ok(stream_response(state, rx, plan, id, created))
+    } else {
+        whole_response(state, rx, plan, id, created).await
+    }
+}
+
+fn finish_reason(finish: &Finish, has_calls: bool) -> &'static str {
+    if has_calls {
+        return "tool_calls";
+    }
+    match finish {
+        Finish::Eos | Finish::StopString(_) => "stop",
+        Finish::Length { .. } => "length",
+    }
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+fn logprobs_json(tokens: &[TokenInfo]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            json!({
+                "token": t.text,
+                "logprob": t.logprob,
+                "bytes": t.text.as_bytes(),
+                "top_logprobs": t.top.iter().map(|(_, text, lp)| json!({
+                    "token": text, "logprob": lp, "bytes": text.as_bytes(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+fn tool_calls_json(calls: &[ToolCall]) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .map(|c| {
+                json!({
+                    "id": c.id, "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments_string()},
+                })
+            })
+            .collect(),
+    )
+}
+
+fn limit_calls(mut calls: Vec<ToolCall>, plan: &Plan) -> Vec<ToolCall> {
+    if !plan.parallel_tool_calls {
+        calls.truncate(1);
+    }
+    calls
+}
+
+async fn whole_response(
+    state: SharedState,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    plan: Plan,
+    id: String,
+    created: u64,
+) -> Result<Response, ApiError> {
+    let mut parser = OutputParser::new(plan.thinking, plan.tool_format, plan.forced.as_ref());
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    let mut tokens = Vec::new();
+    let mut apply = |deltas: Vec<OutDelta>, content: &mut String, reasoning: &mut String| {
+        for d in deltas {
+            match d {
+                OutDelta::Content(s) => content.push_str(&s),
+                OutDelta::Reasoning(s) => reasoning.push_str(&s),
+            }
+        }
+    };
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            GenEvent::Delta { text, tokens: t } => {
+                tokens.extend(t);
+                apply(parser.push(&text), &mut content, &mut reasoning);
+            }
+            GenEvent::Failed(e) => return Err(e),
+            GenEvent::Done { finish, usage } => {
+                let (rest, calls) = parser.finish();
+                apply(rest, &mut content, &mut reasoning);
+                let calls = limit_calls(calls, &plan);
+                count_malformed(&state, &calls);
+                let mut message = json!({"role": "assistant"});
+                let empty_next_to_other = content.is_empty() && (!calls.is_empty() || !reasoning.is_empty());
+                message["content"] = if empty_next_to_other { Value::Null } else { json!(content) };
+                if !calls.is_empty() {
+                    message["tool_calls"] = tool_calls_json(&calls);
+                }
+                if plan.thinking.is_some() {
+                    message["reasoning"] = if reasoning.is_empty() || !plan.include_reasoning {
+                        Value::Null
+                    } else {
+                        json!(reasoning)
+                    };
+                }
+                let body = json!({
+                    "id": id, "object": "chat.completion", "created": created,
+                    "model": state.model_id,
+                    "choices": [{
+                        "index": 0, "message": message,
+                        "logprobs": if plan.logprobs { logprobs_json(&tokens) } else { Value::Null },
+                        "finish_reason": finish_reason(&finish, !calls.is_empty()),
+                    }],
+                    "usage": usage_json(&usage),
+                });
+                return Ok(axum::Json(body).into_response());
+            }
+        }
+    }
+    Err(ApiError::internal("generation ended without a result"))
+}
+
+pub(crate) fn count_malformed(state: &SharedState, calls: &[ToolCall]) {
+    let bad = calls.iter().filter(|c| c.is_malformed()).count() as u64;
+    if bad > 0 {
+        state
+            .metrics
+            .tool_calls_malformed
+            .fetch_add(bad, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn stream_response(
+    state: SharedState,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    plan: Plan,
+    id: String,
+    created: u64,
+) -> Response {
+    let (tx, events) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        let model = state.model_id.clone();
+        let chunk = |delta: Value, finish: Value, logprobs: Value| {
+            let mut c = json!({
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+            });
+            if plan.include_usage {
+                c["usage"] = Value::Null;
+            }
+            c.to_string()
+        };
+        let send_deltas = |deltas: Vec<OutDelta>| -> bool {
+            for d in deltas {
+                let delta = match d {
+                    OutDelta::Content(s) => json!({"content": s}),
+                    OutDelta::Reasoning(s) if plan.include_reasoning => json!({"reasoning": s}),
+                    OutDelta::Reasoning(_) => continue,
+                };
+                if tx.send(chunk(delta, Value::Null, Value::Null)).is_err() {
+                    return false;
+                }
+            }
+            true
+        };
+        if tx
+            .send(chunk(json!({"role": "assistant", "content": ""}), Value::Null, Value::Null))
+            .is_err()
+        {
+            return;
+        }
+        let mut parser = OutputParser::new(plan.thinking, plan.tool_format, plan.forced.as_ref());
+        let mut tokens = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                GenEvent::Delta { text, tokens: t } => {
+                    tokens.extend(t);
+                    if !send_deltas(parser.push(&text)) {
+                        return;
+                    }
+                }
+                GenEvent::Failed(e) => {
+                    let _ = tx.send(e.body().to_string());
+                    let _ = tx.send("[DONE]".into());
+                    return;
+                }
+                GenEvent::Done { finish, usage } => {
+                    let (rest, calls) = parser.finish();
+                    if !send_deltas(rest) {
+                        return;
+                    }
+                    let calls = limit_calls(calls, &plan);
+                    count_malformed(&state, &calls);
+                    for (i, c) in calls.iter().enumerate() {
+                        let opener = json!({"tool_calls": [{"index": i, "id": c.id, "type": "function",
+                            "function": {"name": c.name, "arguments": ""}}]});
+                        let args = json!({"tool_calls": [{"index": i,
+                            "function": {"arguments": c.arguments_string()}}]});
+                        let _ = tx.send(chunk(opener, Value::Null, Value::Null));
+                        let _ = tx.send(chunk(args, Value::Null, Value::Null));
+                    }
+                    let lp = if plan.logprobs { logprobs_json(&tokens) } else { Value::Null };
+                    let _ = tx.send(chunk(json!({}), json!(finish_reason(&finish, !calls.is_empty())), lp));
+                    if plan.include_usage {
+                        let last = json!({
+                            "id": id, "object": "chat.completion.chunk", "created": created,
+                            "model": model, "choices": [], "usage": usage_json(&usage),
+                        });
+                        let _ = tx.send(last.to_string());
+                    }
+                    let _ = tx.send("[DONE]".into());
+                    return;
+                }
+            }
+        }
+    });
+    sse::data_stream(events)
+}

@@ -1,0 +1,7 @@
+//! OpenAI-compatible routes.
+
+pub mod chat;
+pub mod completions;
+pub mod messages;
+pub mod params;
+pub mod types;

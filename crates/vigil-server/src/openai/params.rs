@@ -1,0 +1,116 @@
+//! Request fields → `SamplingParams`, stop strings and limits, with the defaults of the wire
+//! reference (temperature 0.6, top_p 0.9, no max_tokens cap) and a 400 naming each bad field.
+
+use super::types::{CommonParams, StopField};
+use crate::error::ApiError;
+use vigil_engine::sampling::SamplingParams;
+
+pub const DEFAULT_TEMPERATURE: f32 = 0.6;
+pub const DEFAULT_TOP_P: f32 = 0.9;
+pub const MAX_STOP_STRINGS: usize = 4;
+pub const MAX_STOP_BYTES: usize = 64;
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+pub fn sampling_params(
+    p: &CommonParams,
+    vocab_size: usize,
+    logprobs: Option<u32>,
+) -> Result<SamplingParams, ApiError> {
+    if let Some(n) = p.n {
+        if n != 1 {
+            return Err(ApiError::invalid("n", "only n = 1 is supported"));
+        }
+    }
+    let top_k = match p.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => u32::try_from(k).unwrap_or(u32::MAX),
+        Some(_) => return Err(ApiError::invalid("top_k", "must be -1, 0 (off) or positive")),
+    };
+    let mut logit_bias = Vec::new();
+    if let Some(bias) = &p.logit_bias {
+        for (key, &b) in bias {
+            let id: u32 = key.parse().map_err(|_| {
+                ApiError::invalid("logit_bias", format!("key `{key}` is not a token id"))
+            })?;
+            if id as usize >= vocab_size {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("token id {id} is outside the vocabulary ({vocab_size} tokens)"),
+                ));
+            }
+            if !(-100.0..=100.0).contains(&b) {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("bias {b} for token {id} is outside [-100, 100]"),
+                ));
+            }
+            logit_bias.push((id, b));
+        }
+    }
+    if let Some(pp) = p.presence_penalty {
+        if !(-2.0..=2.0).contains(&pp) {
+            return Err(ApiError::invalid("presence_penalty", "must be in [-2, 2]"));
+        }
+    }
+    if let Some(fp) = p.frequency_penalty {
+        if !(-2.0..=2.0).contains(&fp) {
+            return Err(ApiError::invalid("frequency_penalty", "must be in [-2, 2]"));
+        }
+    }
+    if let Some(t) = p.temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ApiError::invalid("temperature", "must be in [0, 2]"));
+        }
+    }
+    let params = SamplingParams {
+        temperature: p.temperature.unwrap_or(DEFAULT_TEMPERATURE),
+        top_k,
+        top_p: p.top_p.unwrap_or(DEFAULT_TOP_P),
+        min_p: p.min_p.unwrap_or(0.0),
+        repetition_penalty: p.repetition_penalty.unwrap_or(1.0),
+        presence_penalty: p.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: p.frequency_penalty.unwrap_or(0.0),
+        logit_bias,
+        seed: p.seed.map(|s| s as u64),
+        logprobs,
+    };
+    params
+        .validate()
+        .map_err(|e| ApiError::invalid(e.field, e.to_string()))?;
+    Ok(params)
+}
+
+pub fn stop_strings(stop: &Option<StopField>, field: &str) -> Result<Vec<String>, ApiError> {
+    let list = match stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s.clone()],
+        Some(StopField::Many(v)) => v.clone(),
+    };
+    if list.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid(
+            field,
+            format!("at most {MAX_STOP_STRINGS} stop sequences are allowed"),
+        ));
+    }
+    if let Some(s) = list.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "stop sequence of {} bytes is longer than {MAX_STOP_BYTES}",
+                s.len()
+            ),
+        ));
+    }
+    if list.iter().any(|s| s.is_empty()) {
+        return Err(ApiError::invalid(field, "stop sequences must not be empty"));
+    }
+    Ok(list)
+}
+
+pub fn max_tokens(value: Option<u64>, field: &str) -> Result<Option<usize>, ApiError> {
+    match value {
+        Some(0) => Err(ApiError::invalid(field, "must be at least 1")),
+        Some(n) => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+        None => Ok(None),
+    }
+}

@@ -1,0 +1,194 @@
+//! `vigil serve`: bind first (so `/health` answers 503 while the model loads), load the model,
+//! size the KV pool from its memory budget, start the engine thread, serve until Ctrl-C or
+//! SIGTERM, then stop accepting and let in-flight requests finish.
+
+use crate::error::ApiError;
+use crate::metrics::ServerMetrics;
+use crate::state::{AppState, ServerConfig};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Router;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+use vigil_engine::engine::LlmEngine;
+use vigil_engine::engine_thread::EngineHandle;
+use vigil_engine::model_runner::ModelRunner;
+use vigil_engine::scheduler::SchedulerConfig;
+use vigil_model::kv_cache::{KvCache, KvDtype};
+use vigil_model::load::{LoadOptions, LoadedModel};
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub model_path: PathBuf,
+    /// The id `/v1/models` reports (default: the file or directory name).
+    pub served_model_name: Option<String>,
+    pub load: LoadOptions,
+    pub kv_memory_bytes: usize,
+    pub block_size: usize,
+    pub max_batched_tokens: usize,
+    pub enable_prefix_cache: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("loading {path}: {message}")]
+    Load { path: String, message: String },
+    #[error("the KV memory budget ({bytes} bytes) holds fewer than 2 blocks of {block_bytes} bytes")]
+    KvTooSmall { bytes: usize, block_bytes: usize },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), ServeError> {
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = std::net::TcpListener::bind(&addr).map_err(|source| ServeError::Bind {
+        addr: addr.clone(),
+        source,
+    })?;
+    listener.set_nonblocking(true)?;
+    tracing::info!("listening on http://{addr} (loading the model)");
+
+    let (stop_loading, loading_stopped) = tokio::sync::oneshot::channel::<()>();
+    let loading_listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
+    let loading = tokio::spawn(async move {
+        axum::serve(loading_listener, loading_router())
+            .with_graceful_shutdown(async {
+                let _ = loading_stopped.await;
+            })
+            .await
+    });
+
+    let path = opts.model_path.clone();
+    let load_opts = opts.load.clone();
+    let loaded = tokio::task::spawn_blocking(move || vigil_model::load::load(&path, &load_opts))
+        .await
+        .map_err(|e| ServeError::Load {
+            path: opts.model_path.display().to_string(),
+            message: e.to_string(),
+        })?
+        .map_err(|e| ServeError::Load {
+            path: opts.model_path.display().to_string(),
+            message: e.to_string(),
+        })?;
+    let state = build_state(config.clone(), &opts, loaded)?;
+    let _ = stop_loading.send(());
+    let _ = loading.await;
+
+    let app = crate::routes::router(state.clone());
+    state.ready.store(true, std::sync::atomic::Ordering::Release);
+    tracing::info!("ready: serving `{}` on http://{addr}", state.model_id);
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+fn build_state(
+    config: ServerConfig,
+    opts: &EngineOptions,
+    loaded: LoadedModel,
+) -> Result<Arc<AppState>, ServeError> {
+    let LoadedModel {
+        model,
+        tokenizer,
+        chat_template,
+        max_position_embeddings,
+    } = loaded;
+    let c = &model.config;
+    let block_bytes = c.num_layers * c.kv_dim() * opts.block_size * 2 * 2;
+    let num_blocks = opts.kv_memory_bytes / block_bytes.max(1);
+    if num_blocks < 2 {
+        return Err(ServeError::KvTooSmall {
+            bytes: opts.kv_memory_bytes,
+            block_bytes,
+        });
+    }
+    let pool_tokens = num_blocks * opts.block_size;
+    let model_ctx = opts.load.max_context.map_or(max_position_embeddings, |c| c.min(max_position_embeddings));
+    let max_model_len = model_ctx.min(pool_tokens);
+    tracing::info!(
+        "KV cache: {num_blocks} blocks of {} tokens ({pool_tokens} tokens, {:.1} MiB); max_model_len {max_model_len}",
+        opts.block_size,
+        (num_blocks * block_bytes) as f64 / (1 << 20) as f64
+    );
+    let template_source = tokenizer.chat_template().map(str::to_string);
+    let tool_format = template_source
+        .as_deref()
+        .and_then(vigil_model::tool_parser::ToolCallFormat::detect);
+    let supports_thinking = template_source
+        .as_deref()
+        .is_some_and(|s| s.contains("enable_thinking") && s.contains("<think>"));
+    let kv = KvCache::new(c.num_layers, c.kv_dim(), num_blocks, opts.block_size, KvDtype::F16);
+    let scheduler = SchedulerConfig {
+        max_batched_tokens: opts.max_batched_tokens,
+        max_seqs: config.max_seqs,
+        enable_prefix_cache: opts.enable_prefix_cache,
+        ..SchedulerConfig::default()
+    };
+    let engine = EngineHandle::spawn(move || LlmEngine::new(ModelRunner::new(model, kv), scheduler))?;
+    let model_id = opts.served_model_name.clone().unwrap_or_else(|| {
+        opts.model_path
+            .file_name()
+            .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
+            .unwrap_or_else(|| "vigil".into())
+    });
+    Ok(Arc::new(AppState {
+        engine,
+        tokenizer: Arc::new(tokenizer),
+        template: chat_template.map(Arc::new),
+        model_id,
+        max_model_len,
+        created: crate::ids::unix_now(),
+        started: Instant::now(),
+        ready: AtomicBool::new(false),
+        config,
+        metrics: ServerMetrics::default(),
+        tool_format,
+        supports_thinking,
+    }))
+}
+
+fn loading_router() -> Router {
+    let health = || async {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"status": "unavailable"})),
+        )
+    };
+    Router::new()
+        .route("/health", axum::routing::get(health))
+        .route("/healthz", axum::routing::get(health))
+        .fallback(|| async {
+            let mut e = ApiError::overloaded("the model is still loading");
+            e.retry_after = Some(2);
+            e.into_response()
+        })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown requested: no new connections; finishing in-flight requests");
+}

@@ -1,0 +1,45 @@
+//! What every handler shares: the engine handle, the tokenizer and chat template, the model's
+//! identity and limits, the server's own counters, and its configuration.
+
+use crate::metrics::ServerMetrics;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use vigil_engine::engine_thread::EngineHandle;
+use vigil_model::chat_template::ChatTemplate;
+use vigil_model::tokenizer::Tokenizer;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    /// Requests waiting beyond the running ones; past it new requests get 503.
+    pub max_queue: usize,
+    pub max_seqs: usize,
+}
+
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<Arc<ChatTemplate>>,
+    pub model_id: String,
+    /// Longest prompt + completion admitted (model context, --ctx and the KV pool).
+    pub max_model_len: usize,
+    pub created: u64,
+    pub started: Instant,
+    pub ready: AtomicBool,
+    pub config: ServerConfig,
+    pub metrics: ServerMetrics,
+    pub tool_format: Option<vigil_model::tool_parser::ToolCallFormat>,
+    pub supports_thinking: bool,
+}
+
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}

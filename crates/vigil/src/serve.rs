@@ -1,0 +1,135 @@
+//! `vigil serve`: the OpenAI- and Anthropic-compatible server over one engine.
+
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use vigil_model::load::LoadOptions;
+use vigil_server::{EngineOptions, ServerConfig};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// A `.gguf` file or an HF model directory. Default: SmolLM2-135M-Instruct Q4_1, pulled on
+    /// first use.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// The model id reported by `/v1/models` (default: the file name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Kernel worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Cap on the context length (default: the model's).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// KV cache memory, e.g. `2GiB`, `512MiB` (default: 10% of RAM, at most 2 GiB).
+    #[arg(long)]
+    kv_memory: Option<String>,
+    /// Tokens computed per engine step across all sequences (prefill chunks + decodes).
+    #[arg(long, default_value_t = 512)]
+    max_batched_tokens: usize,
+    /// Sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    max_seqs: usize,
+    /// Requests allowed to wait beyond `--max-seqs`; past it, 503 with `Retry-After`.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Turn the prefix cache off (to measure without it).
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// Require `Authorization: Bearer KEY` or `x-api-key: KEY` on every route but /health.
+    #[arg(long, env = "VIGIL_API_KEY")]
+    api_key: Option<String>,
+    /// Largest request body accepted (bytes); larger gets 413.
+    #[arg(long, default_value_t = 8 << 20)]
+    max_body_bytes: usize,
+    /// Quantize float weights at load (`q8_0`).
+    #[arg(long)]
+    quantize: Option<String>,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let model_path = match &args.model {
+        Some(p) => p.clone(),
+        None => {
+            let p = crate::pull::default_model_path();
+            if !p.exists() {
+                crate::pull::pull_default(&p)?;
+            }
+            p
+        }
+    };
+    let kv_memory_bytes = match &args.kv_memory {
+        Some(s) => parse_size(s).with_context(|| format!("--kv-memory {s}"))?,
+        None => default_kv_memory(),
+    };
+    let config = ServerConfig {
+        host: args.host,
+        port: args.port,
+        api_key: args.api_key.filter(|k| !k.is_empty()),
+        max_body_bytes: args.max_body_bytes,
+        max_queue: args.max_queue,
+        max_seqs: args.max_seqs,
+    };
+    let opts = EngineOptions {
+        model_path,
+        served_model_name: args.served_model_name,
+        load: LoadOptions {
+            threads: args.threads,
+            quantize: vigil_model::load::parse_quantize(args.quantize.as_deref())?,
+            max_context: args.ctx,
+        },
+        kv_memory_bytes,
+        block_size: 16,
+        max_batched_tokens: args.max_batched_tokens,
+        enable_prefix_cache: !args.no_prefix_cache,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(vigil_server::serve(config, opts))?;
+    Ok(())
+}
+
+/// `2GiB`, `512MiB`, `1G`, `300M`, `4096` (bytes).
+fn parse_size(s: &str) -> Result<usize> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().context("expected a number with an optional unit")?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => anyhow::bail!("unknown unit `{other}` (use KiB, MiB or GiB)"),
+    };
+    Ok((n * mult) as usize)
+}
+
+fn default_kv_memory() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<usize>().ok())
+        })
+        .map_or(8 << 30, |kb| kb * 1024);
+    (total / 10).min(2 << 30)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes() {
+        assert_eq!(super::parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(super::parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(super::parse_size("4096").unwrap(), 4096);
+        assert!(super::parse_size("3 parsecs").is_err());
+    }
+}
