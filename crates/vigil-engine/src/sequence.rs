@@ -7,6 +7,26 @@ use crate::sampling::{SampleOutput, Sampler, SamplingParams};
 
 pub type SeqId = u64;
 
+/// Scheduling class, highest first: a lower class only gets the token budget and KV blocks
+/// the higher ones leave over, and is preempted first. Ordered so that `Foreground` is the
+/// greatest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Flash evaluations, warm turns: useful, but nobody is waiting on them.
+    Background,
+    /// Session data being ingested.
+    Ingest,
+    /// A client request.
+    #[default]
+    Foreground,
+}
+
+impl Priority {
+    /// Every class, highest first: the order the scheduler serves them in.
+    pub const DESCENDING: [Priority; 3] =
+        [Priority::Foreground, Priority::Ingest, Priority::Background];
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
     /// An end-of-sequence or stop token was sampled.
@@ -45,6 +65,10 @@ pub struct Sequence {
     pub stop: StopCriteria,
     pub sampler: Sampler,
     pub status: SeqStatus,
+    pub priority: Priority,
+    /// Set by the scheduler when this sequence waited past the age bound: from then on it is
+    /// scheduled as `Foreground`, so a lower class cannot starve.
+    pub promoted: bool,
 }
 
 impl Sequence {
@@ -61,6 +85,17 @@ impl Sequence {
             stop,
             sampler,
             status: SeqStatus::Waiting,
+            priority: Priority::Foreground,
+            promoted: false,
+        }
+    }
+
+    /// The class the scheduler treats this sequence as: its own, or `Foreground` once promoted.
+    pub fn effective_priority(&self) -> Priority {
+        if self.promoted {
+            Priority::Foreground
+        } else {
+            self.priority
         }
     }
 
