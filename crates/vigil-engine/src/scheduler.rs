@@ -142,6 +142,7 @@ impl Scheduler {
         self.num_steps += 1;
         self.waiting.retain(|id| seqs.contains_key(id));
         self.running.retain(|id| seqs.contains_key(id));
+        self.waiting_since.retain(|id, _| seqs.contains_key(id));
         self.promote_starved(seqs);
         let order = |&id: &SeqId| (Reverse(class(seqs, id)), id);
         self.waiting.make_contiguous().sort_by_key(order);
@@ -167,7 +168,11 @@ impl Scheduler {
             let Some(seq) = seqs.get_mut(id) else {
                 continue;
             };
-            let since = self.waiting_since.get(id).copied().unwrap_or(self.num_steps);
+            let since = self
+                .waiting_since
+                .get(id)
+                .copied()
+                .unwrap_or(self.num_steps);
             // Steps this sequence sat through unadmitted, not counting the current one.
             let waited = (self.num_steps - 1).saturating_sub(since);
             if seq.effective_priority() < Priority::Foreground
@@ -279,7 +284,9 @@ impl Scheduler {
             self.waiting.retain(|&s| s != id);
             self.waiting_since.remove(&id);
             seq.num_computed_tokens = cached;
-            seq.num_cached_tokens = cached.min(seq.num_prompt_tokens);
+            if seq.num_preemptions == 0 {
+                seq.num_cached_tokens = cached.min(seq.num_prompt_tokens);
+            }
             seq.table = Some(table);
             seq.status = SeqStatus::Running;
             self.running.push(id);
@@ -324,7 +331,9 @@ impl Scheduler {
     }
 
     /// Free a running sequence's blocks and send it back to the queue, dropping it from this
-    /// step's plan. Its full blocks go to the prefix cache first, so readmission mostly hits.
+    /// step's plan. Its full blocks are already in the prefix cache (the runner commits every
+    /// block that fills, in the step that fills it), so they outlive the table as evictable
+    /// cached blocks and readmission, which looks up prompt and output, mostly hits.
     fn preempt(&mut self, id: SeqId, st: &mut StepState, seqs: &mut HashMap<SeqId, Sequence>) {
         if let Some(pos) = st.plan.seqs.iter().position(|s| s.seq_id == id) {
             st.budget += st.plan.seqs.remove(pos).num_tokens;
@@ -334,13 +343,9 @@ impl Scheduler {
         st.plan.preempted.push(id);
         self.running.retain(|&s| s != id);
         if let Some(seq) = seqs.get_mut(&id) {
-            // The runner commits blocks as they fill; committing here too keeps the promise
-            // local instead of relying on that. Only computed tokens: their KV is written.
-            if let Some(table) = seq.table.as_mut() {
-                table.commit_full_blocks(&seq.token_ids[..seq.num_computed_tokens]);
-            }
             seq.table = None;
             seq.num_computed_tokens = 0;
+            seq.num_preemptions += 1;
             seq.status = SeqStatus::Waiting;
         }
         self.num_preemptions += 1;

@@ -58,8 +58,10 @@ pub struct Sequence {
     pub token_ids: Vec<u32>,
     pub num_prompt_tokens: usize,
     pub num_computed_tokens: usize,
-    /// Prompt tokens whose KV came from the prefix cache at admission.
+    /// Prompt tokens whose KV came from the prefix cache at first admission.
     pub num_cached_tokens: usize,
+    /// Times the scheduler evicted this sequence's blocks to recompute them later.
+    pub num_preemptions: u32,
     pub table: Option<BlockTable>,
     pub params: SamplingParams,
     pub stop: StopCriteria,
@@ -80,6 +82,7 @@ impl Sequence {
             token_ids: prompt,
             num_computed_tokens: 0,
             num_cached_tokens: 0,
+            num_preemptions: 0,
             table: None,
             params,
             stop,

@@ -3,15 +3,17 @@
 //! pool small enough to preempt; after every step the block accounting and the queues agree,
 //! and no sequence is preempted while one of a lower class keeps running. Two directed tests
 //! check the class contract: background arrivals never delay a foreground request's first
-//! token, and the age bound serves a background request under constant foreground load.
+//! token, and the age bound serves a background request under constant foreground load. One
+//! model-free test pins down preemption: the victim readmits from its committed blocks.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use vigil_engine::block_table::SharedBlockPool;
 use vigil_engine::engine::LlmEngine;
 use vigil_engine::model_runner::ModelRunner;
 use vigil_engine::sampling::SamplingParams;
-use vigil_engine::scheduler::SchedulerConfig;
-use vigil_engine::sequence::{Priority, SeqId, SeqStatus, StopCriteria};
+use vigil_engine::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, StepPlan};
+use vigil_engine::sequence::{Priority, SeqId, SeqStatus, Sequence, StopCriteria};
 use vigil_model::kv_cache::{KvCache, KvDtype};
 use vigil_model::load::LoadOptions;
 use vigil_model::loader::LoadQuantization;
@@ -184,7 +186,10 @@ fn priority_churn_keeps_invariants() {
         // Preempted this step: running before, waiting now.
         let after = running_classes(&e);
         for &(id, class) in &before {
-            if e.seqs.get(&id).is_some_and(|s| s.status == SeqStatus::Waiting) {
+            if e.seqs
+                .get(&id)
+                .is_some_and(|s| s.status == SeqStatus::Waiting)
+            {
                 *c.preempted.entry(class).or_default() += 1;
                 if let Some(&(kept, lower)) = after.iter().find(|&&(_, k)| k < class) {
                     panic!("step {step}: {id} ({class:?}) preempted while {kept} ({lower:?}) runs");
@@ -212,8 +217,14 @@ fn priority_churn_keeps_invariants() {
     assert_eq!(preemptions as u64, e.scheduler.num_preemptions);
     assert!(preemptions > 0, "the pool was never under pressure");
     assert!(c.cached_tokens > 0, "no prefix-cache hit");
-    assert!(e.scheduler.num_promotions > 0, "no lower class hit the age bound");
-    assert!(c.aborted_mid_generation > 0, "no running sequence was aborted");
+    assert!(
+        e.scheduler.num_promotions > 0,
+        "no lower class hit the age bound"
+    );
+    assert!(
+        c.aborted_mid_generation > 0,
+        "no running sequence was aborted"
+    );
     assert!(c.aborted_waiting > 0, "no waiting sequence was aborted");
     assert!(c.finished >= 800, "only {} requests finished", c.finished);
 
@@ -226,7 +237,12 @@ fn priority_churn_keeps_invariants() {
     for id in ids.iter().step_by(ids.len() / 25) {
         let (req, out) = (&requests[id], &outputs[id]);
         assert_eq!(out.len(), req.max_tokens);
-        let a = add(&mut alone, req.prompt.clone(), req.max_tokens, Priority::Foreground);
+        let a = add(
+            &mut alone,
+            req.prompt.clone(),
+            req.max_tokens,
+            Priority::Foreground,
+        );
         while alone.has_work() {
             alone.step().unwrap();
         }
@@ -280,7 +296,10 @@ fn background_arrivals_never_delay_foreground_tokens() {
                 e.take_finished(out.seq_id).unwrap();
             }
         }
-        assert_eq!(got, expected, "step {step}: a foreground request got no token");
+        assert_eq!(
+            got, expected,
+            "step {step}: a foreground request got no token"
+        );
         e.check_invariants().unwrap();
         check_queues(&e).unwrap();
     }
@@ -335,7 +354,90 @@ fn age_bound_serves_background_under_foreground_load() {
     // Without the bound the foreground queue never empties, so background never starts.
     assert_eq!(background_finish_step(u64::MAX, 300), None);
     let done = background_finish_step(20, 300).expect("background starved despite the bound");
-    // Promoted after 20 waiting steps, it takes the next free seat; a foreground request
-    // needs at most 8 steps (10-token prompt in chunks of 8 with a neighbour, 6 tokens).
+    // Promoted once it has waited more than 20 steps, it takes the next free seat (a
+    // foreground request holds one for about 8 steps) and needs about 4 more to finish.
     assert!(done > 20 && done <= 20 + 20, "finished at step {done}");
+}
+
+/// What `ModelRunner::prepare` does to the tables, without a model: reserve slots, mark the
+/// tokens computed, commit the full blocks; a sequence that caught up gets a new token.
+fn run_plan(plan: &StepPlan, seqs: &mut HashMap<SeqId, Sequence>) {
+    for s in &plan.seqs {
+        let seq = seqs.get_mut(&s.seq_id).unwrap();
+        let table = seq.table.as_mut().unwrap();
+        let end = seq.num_computed_tokens + s.num_tokens;
+        if end > table.num_tokens() {
+            let appended = table.append_slots(end - table.num_tokens()).unwrap();
+            assert!(appended.copy.is_none());
+        }
+        seq.num_computed_tokens = end;
+        table.commit_full_blocks(&seq.token_ids[..end]);
+        if end == seq.num_tokens() {
+            seq.token_ids.push(1000 + end as u32);
+        }
+    }
+}
+
+#[test]
+fn preempted_sequence_readmits_from_its_committed_blocks() {
+    let config = SchedulerConfig {
+        max_batched_tokens: 64,
+        max_seqs: 4,
+        watermark: 0.0,
+        enable_prefix_cache: true,
+        promote_after_steps: 1000,
+    };
+    let mut sched = Scheduler::new(config);
+    let pool = SharedBlockPool::new(8, BLOCK);
+    let mut seqs: HashMap<SeqId, Sequence> = HashMap::new();
+    let new_seq = |id: SeqId, len: u32, priority: Priority| {
+        let prompt = (0..len).map(|t| 100 * id as u32 + t).collect();
+        let mut seq = Sequence::new(id, prompt, SamplingParams::default(), greedy(100));
+        seq.priority = priority;
+        seq
+    };
+
+    // A background sequence decodes until it holds 12 tokens, 11 computed: two full blocks
+    // (one of them output) and a partial one.
+    seqs.insert(1, new_seq(1, 6, Priority::Background));
+    sched.add(1);
+    while seqs[&1].num_tokens() < 12 {
+        let plan = sched.schedule(&mut seqs, &pool);
+        run_plan(&plan, &mut seqs);
+    }
+    assert_eq!(pool.borrow().num_used_blocks(), 3);
+
+    // A foreground prompt needing 6 of the 5 free blocks preempts it and runs in this step.
+    seqs.insert(2, new_seq(2, 22, Priority::Foreground));
+    sched.add(2);
+    let plan = sched.schedule(&mut seqs, &pool);
+    let only_fg = vec![ScheduledSeq {
+        seq_id: 2,
+        num_tokens: 22,
+    }];
+    assert_eq!(
+        (plan.seqs.clone(), plan.preempted.clone()),
+        (only_fg, vec![1])
+    );
+    assert!(seqs[&1].table.is_none() && seqs[&1].status == SeqStatus::Waiting);
+    run_plan(&plan, &mut seqs);
+
+    // Once the foreground request goes, the victim's two full blocks are prefix hits,
+    // output included: only the 4 tokens past them are recomputed.
+    sched.remove(2);
+    seqs.remove(&2);
+    let plan = sched.schedule(&mut seqs, &pool);
+    let rest = vec![ScheduledSeq {
+        seq_id: 1,
+        num_tokens: 4,
+    }];
+    assert_eq!(plan.seqs, rest);
+    assert_eq!(seqs[&1].num_preemptions, 1);
+    assert_eq!(
+        seqs[&1].num_cached_tokens, 0,
+        "cached tokens count at first admission"
+    );
+    run_plan(&plan, &mut seqs);
+    let tables: Vec<_> = seqs.values().filter_map(|s| s.table.as_ref()).collect();
+    pool.check_invariants(&tables).unwrap();
 }
