@@ -5,7 +5,7 @@ use crate::block_table::{OutOfBlocks, SharedBlockPool};
 use crate::model_runner::ModelRunner;
 use crate::sampling::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig};
-use crate::sequence::{FinishReason, SeqId, SeqStatus, Sequence, StopCriteria};
+use crate::sequence::{FinishReason, Priority, SeqId, SeqStatus, Sequence, StopCriteria};
 use std::collections::HashMap;
 
 /// One token produced for one sequence in a step.
@@ -50,16 +50,30 @@ impl LlmEngine {
         }
     }
 
+    /// Queue a foreground request.
     pub fn add_request(
         &mut self,
         prompt: Vec<u32>,
         params: SamplingParams,
         stop: StopCriteria,
     ) -> SeqId {
+        self.add_request_with_priority(prompt, params, stop, Priority::Foreground)
+    }
+
+    /// Queue a request in a scheduling class. Ids are issued in arrival order, which the
+    /// scheduler uses as age.
+    pub fn add_request_with_priority(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        stop: StopCriteria,
+        priority: Priority,
+    ) -> SeqId {
         let id = self.next_id;
         self.next_id += 1;
-        self.seqs
-            .insert(id, Sequence::new(id, prompt, params, stop));
+        let mut seq = Sequence::new(id, prompt, params, stop);
+        seq.priority = priority;
+        self.seqs.insert(id, seq);
         self.scheduler.add(id);
         id
     }
@@ -72,6 +86,16 @@ impl LlmEngine {
 
     pub fn has_work(&self) -> bool {
         self.scheduler.has_work()
+    }
+
+    /// Sequences queued without blocks (new or preempted).
+    pub fn num_waiting(&self) -> usize {
+        self.scheduler.num_waiting()
+    }
+
+    /// Sequences holding blocks.
+    pub fn num_running(&self) -> usize {
+        self.scheduler.num_running()
     }
 
     /// Remove a finished sequence, returning it (its blocks are freed when it drops).

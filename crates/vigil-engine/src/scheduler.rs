@@ -1,10 +1,20 @@
-//! Picks what runs in the next step, vLLM v1's rule: a token budget per step, running
-//! sequences first (their next token, or their next prefill chunk), then waiting ones admitted
-//! while blocks last above a watermark. Out of blocks → preempt the newest running sequence by
-//! recompute (its full blocks stay in the prefix cache, so recompute is mostly hits).
+//! Picks what runs in the next step. vLLM v1's rule (a token budget per step; sequences that
+//! hold blocks first, their next token or next prefill chunk; then waiting ones admitted while
+//! blocks last above a watermark) applied per priority class, highest first: running
+//! `Foreground`, waiting `Foreground`, then `Ingest`, then `Background`. A lower class only gets
+//! the budget and blocks left over, and a waiting sequence may preempt running ones of a lower
+//! class to get in.
+//!
+//! Out of blocks → preempt the running sequence of the lowest class, newest first, by
+//! recompute: its full blocks stay in the prefix cache, so readmission is mostly hits.
+//!
+//! Age is arrival order, which is id order (the engine issues ids in arrival order). A
+//! sequence below `Foreground` that waits more than `promote_after_steps` steps is promoted to
+//! `Foreground` for the rest of its life, so no class starves.
 
 use crate::block_table::SharedBlockPool;
-use crate::sequence::{SeqId, SeqStatus, Sequence};
+use crate::sequence::{Priority, SeqId, SeqStatus, Sequence};
+use std::cmp::Reverse;
 use std::collections::{HashMap, VecDeque};
 
 #[derive(Debug, Clone)]
@@ -15,6 +25,8 @@ pub struct SchedulerConfig {
     /// Fraction of blocks kept free when admitting new sequences.
     pub watermark: f32,
     pub enable_prefix_cache: bool,
+    /// Steps a sequence below `Foreground` may wait before it is scheduled as `Foreground`.
+    pub promote_after_steps: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -24,6 +36,7 @@ impl Default for SchedulerConfig {
             max_seqs: 64,
             watermark: 0.01,
             enable_prefix_cache: true,
+            promote_after_steps: 256,
         }
     }
 }
@@ -43,9 +56,46 @@ pub struct StepPlan {
 
 pub struct Scheduler {
     pub config: SchedulerConfig,
+    /// Sequences without blocks; `schedule` sorts them by class, then age.
     pub waiting: VecDeque<SeqId>,
+    /// Sequences holding blocks; `schedule` sorts them by class, then age.
     pub running: Vec<SeqId>,
     pub num_preemptions: u64,
+    /// Sequences promoted to `Foreground` by the age bound.
+    pub num_promotions: u64,
+    num_steps: u64,
+    /// The step count when each waiting sequence (re)entered the queue.
+    waiting_since: HashMap<SeqId, u64>,
+}
+
+/// What one `schedule` call has handed out so far.
+struct StepState {
+    plan: StepPlan,
+    budget: usize,
+    /// Blocks the plan will take when the runner appends; the pool only hands them out then.
+    reserved: Vec<(SeqId, usize)>,
+    /// The highest class preempted this step: nothing at or below it is admitted, so a victim
+    /// is not readmitted in the step that evicted it.
+    victim_floor: Option<Priority>,
+    /// A waiting sequence did not fit: admit nothing behind it.
+    admission_closed: bool,
+}
+
+impl StepState {
+    fn reserved_blocks(&self) -> usize {
+        self.reserved.iter().map(|&(_, n)| n).sum()
+    }
+
+    fn push(&mut self, seq_id: SeqId, num_tokens: usize, blocks: usize) {
+        self.reserved.push((seq_id, blocks));
+        self.plan.seqs.push(ScheduledSeq { seq_id, num_tokens });
+        self.budget -= num_tokens;
+    }
+}
+
+fn class(seqs: &HashMap<SeqId, Sequence>, id: SeqId) -> Priority {
+    seqs.get(&id)
+        .map_or(Priority::Background, Sequence::effective_priority)
 }
 
 impl Scheduler {
@@ -55,20 +105,33 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             num_preemptions: 0,
+            num_promotions: 0,
+            num_steps: 0,
+            waiting_since: HashMap::new(),
         }
     }
 
     pub fn add(&mut self, id: SeqId) {
         self.waiting.push_back(id);
+        self.waiting_since.insert(id, self.num_steps);
     }
 
     pub fn remove(&mut self, id: SeqId) {
         self.waiting.retain(|&s| s != id);
         self.running.retain(|&s| s != id);
+        self.waiting_since.remove(&id);
     }
 
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
     }
 
     pub fn schedule(
@@ -76,95 +139,217 @@ impl Scheduler {
         seqs: &mut HashMap<SeqId, Sequence>,
         pool: &SharedBlockPool,
     ) -> StepPlan {
-        let mut plan = StepPlan::default();
-        let mut budget = self.config.max_batched_tokens;
-        // Blocks the plan will take when the runner appends; the pool only hands them out then.
-        let mut reserved: Vec<(SeqId, usize)> = Vec::new();
-        let total = |r: &[(SeqId, usize)]| r.iter().map(|&(_, n)| n).sum::<usize>();
+        self.num_steps += 1;
+        self.waiting.retain(|id| seqs.contains_key(id));
+        self.running.retain(|id| seqs.contains_key(id));
+        self.waiting_since.retain(|id, _| seqs.contains_key(id));
+        self.promote_starved(seqs);
+        let order = |&id: &SeqId| (Reverse(class(seqs, id)), id);
+        self.waiting.make_contiguous().sort_by_key(order);
+        self.running.sort_by_key(order);
 
-        // Running sequences first, oldest first; preempt from the newest end when blocks run out.
-        let mut i = 0;
-        while i < self.running.len() && budget > 0 {
-            let id = self.running[i];
-            let Some(seq) = seqs.get(&id) else {
-                self.running.remove(i);
+        let mut st = StepState {
+            plan: StepPlan::default(),
+            budget: self.config.max_batched_tokens,
+            reserved: Vec::new(),
+            victim_floor: None,
+            admission_closed: false,
+        };
+        for class in Priority::DESCENDING {
+            self.schedule_running(class, &mut st, seqs, pool);
+            self.admit_waiting(class, &mut st, seqs, pool);
+        }
+        st.plan
+    }
+
+    /// Promote every waiting sequence that waited past the age bound.
+    fn promote_starved(&mut self, seqs: &mut HashMap<SeqId, Sequence>) {
+        for id in &self.waiting {
+            let Some(seq) = seqs.get_mut(id) else {
                 continue;
             };
-            let n = (seq.num_tokens() - seq.num_computed_tokens).min(budget);
+            let since = self
+                .waiting_since
+                .get(id)
+                .copied()
+                .unwrap_or(self.num_steps);
+            // Steps this sequence sat through unadmitted, not counting the current one.
+            let waited = (self.num_steps - 1).saturating_sub(since);
+            if seq.effective_priority() < Priority::Foreground
+                && waited > self.config.promote_after_steps
+            {
+                seq.promoted = true;
+                self.num_promotions += 1;
+            }
+        }
+    }
+
+    /// Schedule the running sequences of `class`, oldest first, preempting when blocks run out.
+    fn schedule_running(
+        &mut self,
+        class_: Priority,
+        st: &mut StepState,
+        seqs: &mut HashMap<SeqId, Sequence>,
+        pool: &SharedBlockPool,
+    ) {
+        let ids: Vec<SeqId> = (self.running.iter().copied())
+            .filter(|&id| class(seqs, id) == class_)
+            .collect();
+        for id in ids {
+            if st.budget == 0 {
+                return;
+            }
+            let Some(seq) = seqs.get(&id) else {
+                continue;
+            };
+            // A newer sequence of this class may have been preempted for an older one.
+            if !self.running.contains(&id) {
+                continue;
+            }
+            let n = (seq.num_tokens() - seq.num_computed_tokens).min(st.budget);
             if n == 0 {
-                i += 1;
                 continue;
             }
             let needed = seq.table.as_ref().map_or(0, |t| t.blocks_needed(n));
-            if needed + total(&reserved) > pool.borrow().num_free_blocks() {
-                // Preempt the newest running sequence (possibly this one) and retry.
-                let Some(victim) = self.running.pop() else {
+            loop {
+                if needed + st.reserved_blocks() <= pool.borrow().num_free_blocks() {
+                    st.push(id, n, needed);
+                    break;
+                }
+                // `id` itself is running, so there always is a victim; it may be `id`.
+                let Some(victim) = self.lowest_running(seqs) else {
                     break;
                 };
-                self.preempt(victim, seqs);
-                plan.preempted.push(victim);
-                plan.seqs.retain(|s| s.seq_id != victim);
-                reserved.retain(|&(s, _)| s != victim);
-                continue;
+                self.preempt(victim, st, seqs);
+                if victim == id {
+                    break;
+                }
             }
-            reserved.push((id, needed));
-            plan.seqs.push(ScheduledSeq {
-                seq_id: id,
-                num_tokens: n,
-            });
-            budget -= n;
-            i += 1;
         }
+    }
 
-        // Then waiting sequences, in arrival order, while budget and blocks last.
+    /// Admit waiting sequences of `class`, oldest first, while budget, blocks and seats last,
+    /// preempting running sequences of lower classes to make room.
+    fn admit_waiting(
+        &mut self,
+        class_: Priority,
+        st: &mut StepState,
+        seqs: &mut HashMap<SeqId, Sequence>,
+        pool: &SharedBlockPool,
+    ) {
+        if st.admission_closed || st.victim_floor.is_some_and(|f| class_ <= f) {
+            return;
+        }
         let watermark = pool.borrow().watermark_blocks(self.config.watermark);
-        while budget > 0 && self.running.len() < self.config.max_seqs && plan.preempted.is_empty() {
-            let Some(&id) = self.waiting.front() else {
-                break;
-            };
-            let Some(seq) = seqs.get_mut(&id) else {
-                self.waiting.pop_front();
+        let ids: Vec<SeqId> = (self.waiting.iter().copied())
+            .filter(|&id| class(seqs, id) == class_)
+            .collect();
+        for id in ids {
+            if st.budget == 0 {
+                return;
+            }
+            let Some(seq) = seqs.get(&id) else {
                 continue;
             };
+            // A preempted sequence looks up its output too: recompute then is mostly hits.
             let table = if self.config.enable_prefix_cache {
-                pool.table_with_prefix(&seq.token_ids[..seq.num_prompt_tokens], 0)
+                pool.table_with_prefix(&seq.token_ids, 0)
             } else {
                 pool.new_table(0)
             };
             let cached = table.num_tokens();
-            let n = (seq.num_tokens() - cached).min(budget);
-            let needed = table.blocks_needed(n);
-            if !pool
-                .borrow()
-                .can_allocate(needed + total(&reserved), watermark)
-            {
-                break; // `table` drops here, releasing its prefix hits.
+            let n = (seq.num_tokens() - cached).min(st.budget);
+            let new_blocks = table.blocks_needed(n);
+            let blocks = |st: &StepState| new_blocks + st.reserved_blocks() + watermark;
+            if !self.fits(blocks(st), pool) {
+                if !self.room_below(class_, blocks(st), seqs, pool) {
+                    st.admission_closed = true;
+                    return; // `table` drops here, releasing its prefix hits.
+                }
+                while !self.fits(blocks(st), pool) {
+                    match self.lowest_running(seqs) {
+                        Some(victim) if class(seqs, victim) < class_ => {
+                            self.preempt(victim, st, seqs)
+                        }
+                        _ => {
+                            st.admission_closed = true;
+                            return;
+                        }
+                    }
+                }
             }
-            self.waiting.pop_front();
-            reserved.push((id, needed));
+            let Some(seq) = seqs.get_mut(&id) else {
+                continue;
+            };
+            self.waiting.retain(|&s| s != id);
+            self.waiting_since.remove(&id);
             seq.num_computed_tokens = cached;
-            seq.num_cached_tokens = cached;
+            if seq.num_preemptions == 0 {
+                seq.num_cached_tokens = cached.min(seq.num_prompt_tokens);
+            }
             seq.table = Some(table);
             seq.status = SeqStatus::Running;
             self.running.push(id);
-            plan.seqs.push(ScheduledSeq {
-                seq_id: id,
-                num_tokens: n,
-            });
-            budget -= n;
+            st.push(id, n, new_blocks);
         }
-        plan
     }
 
-    /// Free a running sequence's blocks and send it back to the front of the queue; its full
-    /// blocks were committed to the prefix cache as they filled, so recompute mostly hits.
-    fn preempt(&mut self, id: SeqId, seqs: &mut HashMap<SeqId, Sequence>) {
+    /// A seat and `blocks` free blocks (reservations and watermark included) are there now.
+    fn fits(&self, blocks: usize, pool: &SharedBlockPool) -> bool {
+        self.running.len() < self.config.max_seqs && pool.borrow().num_free_blocks() >= blocks
+    }
+
+    /// Whether preempting every running sequence below `class` would leave a seat and
+    /// `blocks` free blocks. Counts only blocks a victim holds alone, so it may say no when
+    /// victims share blocks; never yes when preempting them would not be enough.
+    fn room_below(
+        &self,
+        class_: Priority,
+        blocks: usize,
+        seqs: &HashMap<SeqId, Sequence>,
+        pool: &SharedBlockPool,
+    ) -> bool {
+        let victims: Vec<&Sequence> = (self.running.iter())
+            .filter(|&&id| class(seqs, id) < class_)
+            .filter_map(|id| seqs.get(id))
+            .collect();
+        let p = pool.borrow();
+        let freed: usize = (victims.iter())
+            .filter_map(|s| s.table.as_ref())
+            .map(|t| {
+                let ids = t.block_ids();
+                ids.iter().filter(|&&b| p.ref_count(b) == 1).count()
+            })
+            .sum();
+        self.running.len() - victims.len() < self.config.max_seqs
+            && p.num_free_blocks() + freed >= blocks
+    }
+
+    /// The running sequence to preempt first: lowest class, then newest.
+    fn lowest_running(&self, seqs: &HashMap<SeqId, Sequence>) -> Option<SeqId> {
+        (self.running.iter().copied()).max_by_key(|&id| (Reverse(class(seqs, id)), id))
+    }
+
+    /// Free a running sequence's blocks and send it back to the queue, dropping it from this
+    /// step's plan. Its full blocks are already in the prefix cache (the runner commits every
+    /// block that fills, in the step that fills it), so they outlive the table as evictable
+    /// cached blocks and readmission, which looks up prompt and output, mostly hits.
+    fn preempt(&mut self, id: SeqId, st: &mut StepState, seqs: &mut HashMap<SeqId, Sequence>) {
+        if let Some(pos) = st.plan.seqs.iter().position(|s| s.seq_id == id) {
+            st.budget += st.plan.seqs.remove(pos).num_tokens;
+        }
+        st.reserved.retain(|&(s, _)| s != id);
+        st.victim_floor = st.victim_floor.max(Some(class(seqs, id)));
+        st.plan.preempted.push(id);
+        self.running.retain(|&s| s != id);
         if let Some(seq) = seqs.get_mut(&id) {
             seq.table = None;
             seq.num_computed_tokens = 0;
+            seq.num_preemptions += 1;
             seq.status = SeqStatus::Waiting;
         }
         self.num_preemptions += 1;
-        self.waiting.push_front(id);
+        self.waiting.push_back(id);
+        self.waiting_since.insert(id, self.num_steps);
     }
 }

@@ -7,6 +7,26 @@ use crate::sampling::{SampleOutput, Sampler, SamplingParams};
 
 pub type SeqId = u64;
 
+/// Scheduling class, highest first: a lower class only gets the token budget and KV blocks
+/// the higher ones leave over, and is preempted first. Ordered so that `Foreground` is the
+/// greatest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Flash evaluations, warm turns: useful, but nobody is waiting on them.
+    Background,
+    /// Session data being ingested.
+    Ingest,
+    /// A client request.
+    #[default]
+    Foreground,
+}
+
+impl Priority {
+    /// Every class, highest first: the order the scheduler serves them in.
+    pub const DESCENDING: [Priority; 3] =
+        [Priority::Foreground, Priority::Ingest, Priority::Background];
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
     /// An end-of-sequence or stop token was sampled.
@@ -38,13 +58,19 @@ pub struct Sequence {
     pub token_ids: Vec<u32>,
     pub num_prompt_tokens: usize,
     pub num_computed_tokens: usize,
-    /// Prompt tokens whose KV came from the prefix cache at admission.
+    /// Prompt tokens whose KV came from the prefix cache at first admission.
     pub num_cached_tokens: usize,
+    /// Times the scheduler evicted this sequence's blocks to recompute them later.
+    pub num_preemptions: u32,
     pub table: Option<BlockTable>,
     pub params: SamplingParams,
     pub stop: StopCriteria,
     pub sampler: Sampler,
     pub status: SeqStatus,
+    pub priority: Priority,
+    /// Set by the scheduler when this sequence waited past the age bound: from then on it is
+    /// scheduled as `Foreground`, so a lower class cannot starve.
+    pub promoted: bool,
 }
 
 impl Sequence {
@@ -56,11 +82,23 @@ impl Sequence {
             token_ids: prompt,
             num_computed_tokens: 0,
             num_cached_tokens: 0,
+            num_preemptions: 0,
             table: None,
             params,
             stop,
             sampler,
             status: SeqStatus::Waiting,
+            priority: Priority::Foreground,
+            promoted: false,
+        }
+    }
+
+    /// The class the scheduler treats this sequence as: its own, or `Foreground` once promoted.
+    pub fn effective_priority(&self) -> Priority {
+        if self.promoted {
+            Priority::Foreground
+        } else {
+            self.priority
         }
     }
 

@@ -75,6 +75,7 @@ fn churn_keeps_invariants_and_outputs() {
         max_seqs: 8,
         watermark: 0.0,
         enable_prefix_cache: true,
+        ..SchedulerConfig::default()
     };
     let mut e = engine(24, config);
     let mut rng = Lcg(7);

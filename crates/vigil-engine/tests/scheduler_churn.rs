@@ -1,0 +1,443 @@
+//! The priority scheduler on a tiny real model. A long randomized run mixes arrivals of every
+//! class with shared prefixes, client disconnects of running and waiting sequences, and a KV
+//! pool small enough to preempt; after every step the block accounting and the queues agree,
+//! and no sequence is preempted while one of a lower class keeps running. Two directed tests
+//! check the class contract: background arrivals never delay a foreground request's first
+//! token, and the age bound serves a background request under constant foreground load. One
+//! model-free test pins down preemption: the victim readmits from its committed blocks.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use vigil_engine::block_table::SharedBlockPool;
+use vigil_engine::engine::LlmEngine;
+use vigil_engine::model_runner::ModelRunner;
+use vigil_engine::sampling::SamplingParams;
+use vigil_engine::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, StepPlan};
+use vigil_engine::sequence::{Priority, SeqId, SeqStatus, Sequence, StopCriteria};
+use vigil_model::kv_cache::{KvCache, KvDtype};
+use vigil_model::load::LoadOptions;
+use vigil_model::loader::LoadQuantization;
+
+const BLOCK: usize = 4;
+const VOCAB: u64 = 380;
+
+fn engine(num_blocks: usize, config: SchedulerConfig) -> LlmEngine {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama");
+    let opts = LoadOptions {
+        threads: Some(2),
+        quantize: LoadQuantization::AsStored,
+        max_context: None,
+    };
+    let model = vigil_model::load::load(&dir, &opts).unwrap().model;
+    let kv = KvCache::new(
+        model.config.num_layers,
+        model.config.kv_dim(),
+        num_blocks,
+        BLOCK,
+        KvDtype::F32,
+    );
+    LlmEngine::new(ModelRunner::new(model, kv), config)
+}
+
+/// A tiny deterministic generator (no dependency on the sampler's RNG).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+
+    fn tokens(&mut self, n: usize) -> Vec<u32> {
+        (0..n).map(|_| self.next(VOCAB) as u32 + 3).collect()
+    }
+}
+
+fn greedy(max_tokens: usize) -> StopCriteria {
+    StopCriteria {
+        max_tokens,
+        stop_token_ids: vec![],
+        ignore_eos: true,
+    }
+}
+
+fn add(e: &mut LlmEngine, prompt: Vec<u32>, max_tokens: usize, priority: Priority) -> SeqId {
+    e.add_request_with_priority(
+        prompt,
+        SamplingParams::default(),
+        greedy(max_tokens),
+        priority,
+    )
+}
+
+/// Running sequences and the class the scheduler treats each as.
+fn running_classes(e: &LlmEngine) -> Vec<(SeqId, Priority)> {
+    (e.scheduler.running.iter())
+        .map(|id| (*id, e.seqs[id].effective_priority()))
+        .collect()
+}
+
+/// The queues and the sequences agree: running ones hold a table, waiting ones none.
+fn check_queues(e: &LlmEngine) -> Result<(), String> {
+    let live = e.seqs.values().filter(|s| !s.is_finished()).count();
+    if e.num_running() + e.num_waiting() != live {
+        return Err(format!(
+            "{} running + {} waiting != {live} live sequences",
+            e.num_running(),
+            e.num_waiting()
+        ));
+    }
+    for id in &e.scheduler.running {
+        let s = &e.seqs[id];
+        if s.status != SeqStatus::Running || s.table.is_none() {
+            return Err(format!("running {id} is {:?}", s.status));
+        }
+    }
+    for id in &e.scheduler.waiting {
+        let s = &e.seqs[id];
+        if s.status != SeqStatus::Waiting || s.table.is_some() {
+            return Err(format!("waiting {id} is {:?} or holds blocks", s.status));
+        }
+    }
+    Ok(())
+}
+
+struct Request {
+    prompt: Vec<u32>,
+    max_tokens: usize,
+}
+
+#[derive(Default)]
+struct Counts {
+    finished: usize,
+    aborted_running: usize,
+    aborted_mid_generation: usize,
+    aborted_waiting: usize,
+    preempted: HashMap<Priority, usize>,
+    cached_tokens: usize,
+}
+
+#[test]
+fn priority_churn_keeps_invariants() {
+    // 32 blocks of 4 tokens against 20-45 token sequences: the pool runs out, so the scheduler
+    // preempts; four shared prefixes make prefix-cache hits.
+    let config = SchedulerConfig {
+        max_batched_tokens: 16,
+        max_seqs: 8,
+        watermark: 0.0,
+        enable_prefix_cache: true,
+        promote_after_steps: 40,
+    };
+    let mut e = engine(32, config);
+    let mut rng = Lcg(11);
+    let shared: Vec<Vec<u32>> = (0..4).map(|i| rng.tokens(8 + 4 * i)).collect();
+    let classes = [Priority::Foreground, Priority::Ingest, Priority::Background];
+    let mut requests: HashMap<SeqId, Request> = HashMap::new();
+    let mut outputs: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    let mut c = Counts::default();
+    let mut step = 0;
+    while step < 4000 || e.has_work() {
+        // Bursts above the step budget alternate with lulls that drain the queue, so lower
+        // classes wait long enough to be promoted.
+        let rate = if (step / 250) % 2 == 0 { 4 } else { 1 };
+        if step < 4000 && rng.next(5) < rate {
+            let mut prompt = shared[rng.next(4) as usize].clone();
+            let extra = 1 + rng.next(12) as usize;
+            prompt.extend(rng.tokens(extra));
+            let max_tokens = 1 + rng.next(16) as usize;
+            let priority = classes[rng.next(3) as usize];
+            let id = add(&mut e, prompt.clone(), max_tokens, priority);
+            requests.insert(id, Request { prompt, max_tokens });
+        }
+        if step < 4000 && rng.next(12) == 0 {
+            let mut live: Vec<SeqId> = e.seqs.keys().copied().collect();
+            live.sort_unstable();
+            if let Some(&victim) = live.get(rng.next(live.len().max(1) as u64) as usize) {
+                let seq = &e.seqs[&victim];
+                match seq.status {
+                    SeqStatus::Running => {
+                        c.aborted_running += 1;
+                        if seq.num_output_tokens() > 0 {
+                            c.aborted_mid_generation += 1;
+                        }
+                    }
+                    _ => c.aborted_waiting += 1,
+                }
+                e.abort(victim);
+                requests.remove(&victim);
+            }
+        }
+
+        let before = running_classes(&e);
+        for out in e.step().unwrap() {
+            if out.finished.is_some() {
+                let seq = e.take_finished(out.seq_id).unwrap();
+                c.cached_tokens += seq.num_cached_tokens;
+                c.finished += 1;
+                outputs.insert(out.seq_id, seq.output_ids().to_vec());
+            }
+        }
+        e.check_invariants()
+            .unwrap_or_else(|err| panic!("step {step}: {err}"));
+        check_queues(&e).unwrap_or_else(|err| panic!("step {step}: {err}"));
+
+        // Preempted this step: running before, waiting now.
+        let after = running_classes(&e);
+        for &(id, class) in &before {
+            if e.seqs
+                .get(&id)
+                .is_some_and(|s| s.status == SeqStatus::Waiting)
+            {
+                *c.preempted.entry(class).or_default() += 1;
+                if let Some(&(kept, lower)) = after.iter().find(|&&(_, k)| k < class) {
+                    panic!("step {step}: {id} ({class:?}) preempted while {kept} ({lower:?}) runs");
+                }
+            }
+        }
+        step += 1;
+    }
+
+    assert!(e.seqs.is_empty(), "sequences left behind");
+    assert_eq!(e.pool.borrow().num_used_blocks(), 0, "blocks leaked");
+    assert_eq!((e.num_running(), e.num_waiting()), (0, 0));
+    let preemptions: usize = c.preempted.values().sum();
+    eprintln!(
+        "{step} steps: {} finished, {} aborted running ({} mid-generation), {} aborted waiting, \
+         preempted {:?}, {} promoted, {} prompt tokens from the prefix cache",
+        c.finished,
+        c.aborted_running,
+        c.aborted_mid_generation,
+        c.aborted_waiting,
+        c.preempted,
+        e.scheduler.num_promotions,
+        c.cached_tokens
+    );
+    assert_eq!(preemptions as u64, e.scheduler.num_preemptions);
+    assert!(preemptions > 0, "the pool was never under pressure");
+    assert!(c.cached_tokens > 0, "no prefix-cache hit");
+    assert!(
+        e.scheduler.num_promotions > 0,
+        "no lower class hit the age bound"
+    );
+    assert!(
+        c.aborted_mid_generation > 0,
+        "no running sequence was aborted"
+    );
+    assert!(c.aborted_waiting > 0, "no waiting sequence was aborted");
+    assert!(c.finished >= 800, "only {} requests finished", c.finished);
+
+    // Every request that was not aborted ran to its length, and a sample of them generated
+    // what they generate alone (prefix hits and preemption change no token).
+    assert_eq!(outputs.len(), requests.len());
+    let mut alone = engine(64, SchedulerConfig::default());
+    let mut ids: Vec<SeqId> = outputs.keys().copied().collect();
+    ids.sort_unstable();
+    for id in ids.iter().step_by(ids.len() / 25) {
+        let (req, out) = (&requests[id], &outputs[id]);
+        assert_eq!(out.len(), req.max_tokens);
+        let a = add(
+            &mut alone,
+            req.prompt.clone(),
+            req.max_tokens,
+            Priority::Foreground,
+        );
+        while alone.has_work() {
+            alone.step().unwrap();
+        }
+        let single = alone.take_finished(a).unwrap();
+        assert_eq!(out, single.output_ids(), "request {id} differs from alone");
+    }
+}
+
+#[test]
+fn background_arrivals_never_delay_foreground_tokens() {
+    let config = SchedulerConfig {
+        max_batched_tokens: 16,
+        max_seqs: 6,
+        watermark: 0.0,
+        enable_prefix_cache: true,
+        promote_after_steps: 1_000_000,
+    };
+    let mut e = engine(24, config);
+    let mut rng = Lcg(5);
+    let mut foreground: HashSet<SeqId> = HashSet::new();
+    let mut admissions_by_preemption = 0;
+    let mut served = 0;
+    for step in 0..600 {
+        for _ in 0..1 + rng.next(2) {
+            let len = 8 + rng.next(7) as usize;
+            add(&mut e, rng.tokens(len), 30, Priority::Background);
+        }
+        if step % 15 == 7 {
+            let len = 6 + rng.next(7) as usize;
+            // Background holds the seats or blocks this request needs: it gets in only by
+            // preempting background.
+            let blocks_free = e.pool.borrow().num_free_blocks();
+            if e.num_running() == 6 || blocks_free < len.div_ceil(BLOCK) {
+                admissions_by_preemption += 1;
+            }
+            foreground.insert(add(&mut e, rng.tokens(len), 10, Priority::Foreground));
+        }
+        // Every live foreground request gets a token this step: its first one in the step
+        // it arrived in, then one per step.
+        let expected: HashSet<SeqId> = foreground.clone();
+        let mut got: HashSet<SeqId> = HashSet::new();
+        for out in e.step().unwrap() {
+            if foreground.contains(&out.seq_id) {
+                got.insert(out.seq_id);
+                if out.finished.is_some() {
+                    foreground.remove(&out.seq_id);
+                    served += 1;
+                }
+            }
+            if out.finished.is_some() {
+                e.take_finished(out.seq_id).unwrap();
+            }
+        }
+        assert_eq!(
+            got, expected,
+            "step {step}: a foreground request got no token"
+        );
+        e.check_invariants().unwrap();
+        check_queues(&e).unwrap();
+    }
+    eprintln!(
+        "{served} foreground served, {admissions_by_preemption} admitted by preempting \
+         background, {} background waiting",
+        e.num_waiting()
+    );
+    assert!(served >= 35, "only {served} foreground requests served");
+    assert!(
+        admissions_by_preemption > 0,
+        "background never held the blocks a foreground arrival needed"
+    );
+    assert_eq!(e.scheduler.num_promotions, 0);
+}
+
+/// Steps until a background request finishes while foreground requests keep two seats and
+/// the queue full, or `None` if it has not within `max_steps`.
+fn background_finish_step(promote_after_steps: u64, max_steps: usize) -> Option<usize> {
+    let config = SchedulerConfig {
+        max_batched_tokens: 8,
+        max_seqs: 2,
+        watermark: 0.0,
+        enable_prefix_cache: true,
+        promote_after_steps,
+    };
+    let mut e = engine(32, config);
+    let mut rng = Lcg(3);
+    let bg = add(&mut e, rng.tokens(10), 4, Priority::Background);
+    for step in 0..max_steps {
+        let fg_waiting = (e.scheduler.waiting.iter())
+            .filter(|id| e.seqs[*id].priority == Priority::Foreground)
+            .count();
+        for _ in fg_waiting..3 {
+            add(&mut e, rng.tokens(10), 6, Priority::Foreground);
+        }
+        for out in e.step().unwrap() {
+            if out.finished.is_some() {
+                e.take_finished(out.seq_id).unwrap();
+                if out.seq_id == bg {
+                    return Some(step);
+                }
+            }
+        }
+        e.check_invariants().unwrap();
+    }
+    None
+}
+
+#[test]
+fn age_bound_serves_background_under_foreground_load() {
+    // Without the bound the foreground queue never empties, so background never starts.
+    assert_eq!(background_finish_step(u64::MAX, 300), None);
+    let done = background_finish_step(20, 300).expect("background starved despite the bound");
+    // Promoted once it has waited more than 20 steps, it takes the next free seat (a
+    // foreground request holds one for about 8 steps) and needs about 4 more to finish.
+    assert!(done > 20 && done <= 20 + 20, "finished at step {done}");
+}
+
+/// What `ModelRunner::prepare` does to the tables, without a model: reserve slots, mark the
+/// tokens computed, commit the full blocks; a sequence that caught up gets a new token.
+fn run_plan(plan: &StepPlan, seqs: &mut HashMap<SeqId, Sequence>) {
+    for s in &plan.seqs {
+        let seq = seqs.get_mut(&s.seq_id).unwrap();
+        let table = seq.table.as_mut().unwrap();
+        let end = seq.num_computed_tokens + s.num_tokens;
+        if end > table.num_tokens() {
+            let appended = table.append_slots(end - table.num_tokens()).unwrap();
+            assert!(appended.copy.is_none());
+        }
+        seq.num_computed_tokens = end;
+        table.commit_full_blocks(&seq.token_ids[..end]);
+        if end == seq.num_tokens() {
+            seq.token_ids.push(1000 + end as u32);
+        }
+    }
+}
+
+#[test]
+fn preempted_sequence_readmits_from_its_committed_blocks() {
+    let config = SchedulerConfig {
+        max_batched_tokens: 64,
+        max_seqs: 4,
+        watermark: 0.0,
+        enable_prefix_cache: true,
+        promote_after_steps: 1000,
+    };
+    let mut sched = Scheduler::new(config);
+    let pool = SharedBlockPool::new(8, BLOCK);
+    let mut seqs: HashMap<SeqId, Sequence> = HashMap::new();
+    let new_seq = |id: SeqId, len: u32, priority: Priority| {
+        let prompt = (0..len).map(|t| 100 * id as u32 + t).collect();
+        let mut seq = Sequence::new(id, prompt, SamplingParams::default(), greedy(100));
+        seq.priority = priority;
+        seq
+    };
+
+    // A background sequence decodes until it holds 12 tokens, 11 computed: two full blocks
+    // (one of them output) and a partial one.
+    seqs.insert(1, new_seq(1, 6, Priority::Background));
+    sched.add(1);
+    while seqs[&1].num_tokens() < 12 {
+        let plan = sched.schedule(&mut seqs, &pool);
+        run_plan(&plan, &mut seqs);
+    }
+    assert_eq!(pool.borrow().num_used_blocks(), 3);
+
+    // A foreground prompt needing 6 of the 5 free blocks preempts it and runs in this step.
+    seqs.insert(2, new_seq(2, 22, Priority::Foreground));
+    sched.add(2);
+    let plan = sched.schedule(&mut seqs, &pool);
+    let only_fg = vec![ScheduledSeq {
+        seq_id: 2,
+        num_tokens: 22,
+    }];
+    assert_eq!(
+        (plan.seqs.clone(), plan.preempted.clone()),
+        (only_fg, vec![1])
+    );
+    assert!(seqs[&1].table.is_none() && seqs[&1].status == SeqStatus::Waiting);
+    run_plan(&plan, &mut seqs);
+
+    // Once the foreground request goes, the victim's two full blocks are prefix hits,
+    // output included: only the 4 tokens past them are recomputed.
+    sched.remove(2);
+    seqs.remove(&2);
+    let plan = sched.schedule(&mut seqs, &pool);
+    let rest = vec![ScheduledSeq {
+        seq_id: 1,
+        num_tokens: 4,
+    }];
+    assert_eq!(plan.seqs, rest);
+    assert_eq!(seqs[&1].num_preemptions, 1);
+    assert_eq!(
+        seqs[&1].num_cached_tokens, 0,
+        "cached tokens count at first admission"
+    );
+    run_plan(&plan, &mut seqs);
+    let tables: Vec<_> = seqs.values().filter_map(|s| s.table.as_ref()).collect();
+    pool.check_invariants(&tables).unwrap();
+}
