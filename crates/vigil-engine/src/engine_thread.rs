@@ -3,6 +3,7 @@
 //! and talk to it through commands. Each request gets its own event channel; dropping the
 //! `RequestStream` (a client that went away) aborts the sequence and frees its KV at once.
 
+use crate::constraint::TokenConstraint;
 use crate::engine::LlmEngine;
 use crate::sampling::SamplingParams;
 use crate::sequence::{FinishReason, SeqId, StopCriteria};
@@ -14,11 +15,11 @@ use std::time::Instant;
 use tokio::sync::mpsc as tokio_mpsc;
 
 /// What a caller asks the engine to generate.
-#[derive(Debug, Clone)]
 pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
     pub stop: StopCriteria,
+    pub constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 /// One event of a request's life, in order: tokens, then exactly one `Finished`.
@@ -47,7 +48,6 @@ enum Command {
         request_id: u64,
         request: GenerateRequest,
         events: tokio_mpsc::UnboundedSender<RequestEvent>,
-        submitted_at: Instant,
     },
     Abort {
         request_id: u64,
@@ -175,7 +175,6 @@ impl EngineHandle {
             request_id,
             request,
             events: events_tx,
-            submitted_at: Instant::now(),
         });
         if sent.is_err() {
             self.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -253,11 +252,13 @@ impl EngineLoop {
                 request_id,
                 request,
                 events,
-                submitted_at: _,
             } => {
                 let seq_id = self
                     .engine
                     .add_request(request.prompt, request.params, request.stop);
+                if let Some(seq) = self.engine.seqs.get_mut(&seq_id) {
+                    seq.constraint = request.constraint;
+                }
                 self.by_seq.insert(seq_id, request_id);
                 self.live.insert(
                     request_id,

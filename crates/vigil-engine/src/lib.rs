@@ -4,6 +4,7 @@
 
 pub mod block_pool;
 pub mod block_table;
+pub mod constraint;
 pub mod engine;
 pub mod engine_thread;
 pub mod model_runner;

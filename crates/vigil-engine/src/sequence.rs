@@ -3,6 +3,7 @@
 //! phase, only tokens still to compute.
 
 use crate::block_table::BlockTable;
+use crate::constraint::{apply_mask, TokenConstraint};
 use crate::sampling::{SampleOutput, Sampler, SamplingParams};
 
 pub type SeqId = u64;
@@ -71,6 +72,10 @@ pub struct Sequence {
     /// Set by the scheduler when this sequence waited past the age bound: from then on it is
     /// scheduled as `Foreground`, so a lower class cannot starve.
     pub promoted: bool,
+    /// Restricts which tokens may be sampled (a forced tool call); see `constraint.rs`.
+    pub constraint: Option<Box<dyn TokenConstraint>>,
+    /// The constraint allowed no token at some step: the sequence ends there.
+    pub constraint_dead_end: bool,
 }
 
 impl Sequence {
@@ -90,6 +95,8 @@ impl Sequence {
             status: SeqStatus::Waiting,
             priority: Priority::Foreground,
             promoted: false,
+            constraint: None,
+            constraint_dead_end: false,
         }
     }
 
@@ -120,15 +127,27 @@ impl Sequence {
 
     /// Sample the next token from this sequence's logits row and append it.
     pub fn sample_and_append(&mut self, logits: &mut [f32]) -> SampleOutput {
+        if let Some(c) = &self.constraint {
+            if apply_mask(c.as_ref(), logits) == 0 {
+                self.constraint_dead_end = true;
+            }
+        }
         let (prompt, output) = self.token_ids.split_at(self.num_prompt_tokens);
         let out = self.sampler.sample(logits, &self.params, prompt, output);
         self.token_ids.push(out.token);
+        if let Some(c) = &mut self.constraint {
+            c.advance(out.token);
+        }
         out
     }
 
     /// Whether the last appended token ends the sequence, and why.
     pub fn check_stop(&self) -> Option<FinishReason> {
         let last = *self.token_ids.last()?;
+        let constraint_done = self.constraint.as_ref().is_some_and(|c| c.is_complete());
+        if constraint_done || self.constraint_dead_end {
+            return Some(FinishReason::Stop);
+        }
         if !self.stop.ignore_eos && self.stop.stop_token_ids.contains(&last) {
             return Some(FinishReason::Stop);
         }

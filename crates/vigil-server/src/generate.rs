@@ -10,6 +10,7 @@ use crate::state::SharedState;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tokio::sync::mpsc;
+use vigil_engine::constraint::ForcedToolCall;
 use vigil_engine::engine_thread::{GenerateRequest, RequestEvent};
 use vigil_engine::sampling::SamplingParams;
 use vigil_engine::sequence::{FinishReason, StopCriteria};
@@ -26,6 +27,8 @@ pub struct GenParams {
     pub ignore_eos: bool,
     /// Decode each token's text and its alternatives (for `logprobs`).
     pub want_token_text: bool,
+    /// Constrain the output to a well-formed forced tool call.
+    pub forced_call: Option<crate::output::ForcedCall>,
 }
 
 #[derive(Debug, Clone)]
@@ -99,6 +102,13 @@ pub fn start(
         stop_token_ids: state.tokenizer.eos_token_ids().to_vec(),
         ignore_eos: params.ignore_eos,
     };
+    let constraint = match (&params.forced_call, state.tool_format) {
+        (Some(fc), Some(format)) => Some(Box::new(ForcedToolCall::new(
+            state.token_texts(),
+            fc.literals(format),
+        )) as Box<dyn vigil_engine::constraint::TokenConstraint>),
+        _ => None,
+    };
     let tail_start = prompt_len.saturating_sub(4);
     let prompt_tail = params.prompt[tail_start..].to_vec();
     let stream = state
@@ -107,6 +117,7 @@ pub fn start(
             prompt: params.prompt,
             params: params.sampling,
             stop,
+            constraint,
         })
         .map_err(|e| ApiError::internal(e.to_string()))?;
     state.metrics.requests_started.fetch_add(1, Ordering::Relaxed);

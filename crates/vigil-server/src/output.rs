@@ -2,7 +2,9 @@
 //! Works incrementally for streams and in one go for whole replies.
 
 use vigil_model::reasoning::{Delta, ReasoningStreamer};
-use vigil_model::tool_parser::{ToolArguments, ToolCallFormat, ToolCallStreamer};
+use vigil_model::tool_parser::{
+    call_suffix, forced_call_prefix, ToolArguments, ToolCallFormat, ToolCallStreamer,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum OutDelta {
@@ -31,12 +33,48 @@ impl ToolCall {
 /// A forced tool call: the prompt ends with the call's opening, so the output continues it.
 #[derive(Debug, Clone)]
 pub struct ForcedCall {
+    /// The named function, or `None` for "any of the tools".
     pub name: Option<String>,
+    /// Every offered tool's name (the choices when `name` is `None`).
+    pub tool_names: Vec<String>,
+}
+
+impl ForcedCall {
+    /// What the output must start with before the arguments object: nothing when the prompt
+    /// named the function, else one of `NAME", "arguments": ` (in the format's own words).
+    pub fn literals(&self, format: ToolCallFormat) -> Vec<String> {
+        if self.name.is_some() {
+            return Vec::new();
+        }
+        let open = forced_call_prefix(format, None);
+        self.tool_names
+            .iter()
+            .filter_map(|n| {
+                forced_call_prefix(format, Some(n))
+                    .strip_prefix(open.as_str())
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+}
+
+/// The names of tools in the chat template's shape (`[{"function": {"name": ...}}]`).
+pub fn tool_names(tools: Option<&serde_json::Value>) -> Vec<String> {
+    tools
+        .and_then(|t| t.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t.pointer("/function/name")?.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 pub struct OutputParser {
     reasoning: Option<ReasoningStreamer>,
     tools: Option<ToolCallStreamer>,
+    /// A forced call's output stops when its arguments close; the call's closing is added.
+    forced_suffix: Option<&'static str>,
 }
 
 impl OutputParser {
@@ -54,6 +92,7 @@ impl OutputParser {
         OutputParser {
             reasoning: thinking.map(ReasoningStreamer::new),
             tools,
+            forced_suffix: tool_format.filter(|_| forced.is_some()).map(call_suffix),
         }
     }
 
@@ -90,7 +129,10 @@ impl OutputParser {
             self.route(pieces, &mut out);
         }
         let mut calls = Vec::new();
-        if let Some(t) = self.tools.take() {
+        if let Some(mut t) = self.tools.take() {
+            if let Some(suffix) = self.forced_suffix {
+                t.push(suffix);
+            }
             let (rest, parsed) = t.finish();
             push_delta(&mut out, OutDelta::Content(rest));
             for c in parsed.calls {

@@ -151,6 +151,7 @@ fn build_state(
         metrics: ServerMetrics::default(),
         tool_format,
         supports_thinking,
+        token_texts: std::sync::OnceLock::new(),
     }))
 }
 

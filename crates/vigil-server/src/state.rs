@@ -34,11 +34,26 @@ pub struct AppState {
     pub metrics: ServerMetrics,
     pub tool_format: Option<vigil_model::tool_parser::ToolCallFormat>,
     pub supports_thinking: bool,
+    /// Each token's text alone, built on first use (constrained decoding).
+    pub token_texts: std::sync::OnceLock<vigil_engine::constraint::TokenTexts>,
 }
 
 pub type SharedState = Arc<AppState>;
 
 impl AppState {
+    pub fn token_texts(&self) -> vigil_engine::constraint::TokenTexts {
+        self.token_texts
+            .get_or_init(|| {
+                let n = self.tokenizer.vocab_size();
+                Arc::new(
+                    (0..n as u32)
+                        .map(|id| self.tokenizer.decode(&[id], false).unwrap_or_default())
+                        .collect(),
+                )
+            })
+            .clone()
+    }
+
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }

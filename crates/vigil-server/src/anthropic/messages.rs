@@ -65,7 +65,10 @@ async fn build_prompt(
             ToolMode::Named(n) => Some(n.clone()),
             _ => None,
         };
-        Some(crate::output::ForcedCall { name })
+        Some(crate::output::ForcedCall {
+            name,
+            tool_names: crate::output::tool_names(conv.tools.as_ref()),
+        })
     } else {
         None
     };
@@ -114,6 +117,7 @@ async fn handle(
             stop_strings: stops,
             ignore_eos: req.ignore_eos.unwrap_or(false),
             want_token_text: false,
+            forced_call: prompt.forced.clone(),
         },
     )
     .map_err(|e| {
@@ -260,7 +264,7 @@ fn stream(
             }
             *open = Open::None;
         };
-        let mut emit = |deltas: Vec<OutDelta>, open: &mut Open, next_index: &mut usize| -> bool {
+        let emit = |deltas: Vec<OutDelta>, open: &mut Open, next_index: &mut usize| -> bool {
             for d in deltas {
                 let ok = match d {
                     OutDelta::Reasoning(s) => {

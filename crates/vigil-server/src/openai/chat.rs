@@ -77,7 +77,10 @@ async fn handle(
                 ToolMode::Named(n) => Some(n.clone()),
                 _ => None,
             };
-            forced_call = Some(crate::output::ForcedCall { name });
+            forced_call = Some(crate::output::ForcedCall {
+                name,
+                tool_names: crate::output::tool_names(tools.as_ref()),
+            });
         }
     }
     let logprobs = req.logprobs.unwrap_or(false);
@@ -135,6 +138,7 @@ async fn handle(
             stop_strings: stop,
             ignore_eos: req.ignore_eos.unwrap_or(false),
             want_token_text: logprobs,
+            forced_call: plan.forced.clone(),
         },
     )?;
     let id = crate::ids::new_id("chatcmpl-");
@@ -213,7 +217,7 @@ async fn whole_response(
     let mut parser = OutputParser::new(plan.thinking, plan.tool_format, plan.forced.as_ref());
     let (mut content, mut reasoning) = (String::new(), String::new());
     let mut tokens = Vec::new();
-    let mut apply = |deltas: Vec<OutDelta>, content: &mut String, reasoning: &mut String| {
+    let apply = |deltas: Vec<OutDelta>, content: &mut String, reasoning: &mut String| {
         for d in deltas {
             match d {
                 OutDelta::Content(s) => content.push_str(&s),

@@ -48,6 +48,7 @@ async fn handle(
         return Err(ApiError::invalid("logprobs", "must be in [0, 20]"));
     }
     let vocab = state.tokenizer.vocab_size();
+    let sampling = sampling_params(&req.common(), vocab, logprobs)?;
     let prompt = match req.prompt {
         PromptField::Text(t) => encode(&state, t).await?,
         PromptField::TextBatch(mut v) if v.len() == 1 => encode(&state, v.remove(0)).await?,
@@ -58,7 +59,6 @@ async fn handle(
     if let Some(bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
         return Err(ApiError::invalid("prompt", format!("token id {bad} is outside the vocabulary ({vocab} tokens)")));
     }
-    let sampling = sampling_params(&req.common(), vocab, logprobs)?;
     let rx = generate::start(
         &state,
         GenParams {
@@ -68,6 +68,7 @@ async fn handle(
             stop_strings: stop_strings(&req.stop, "stop")?,
             ignore_eos: req.ignore_eos.unwrap_or(false),
             want_token_text: logprobs.is_some(),
+            forced_call: None,
         },
     )?;
     let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true);
