@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod gguf;
 pub mod hf;
+pub mod json_prefix;
 pub mod safetensors_store;
 pub mod tokenizer;
 
@@ -17,7 +18,9 @@ pub mod kv_cache;
 pub mod load;
 pub mod loader;
 pub mod model;
+pub mod reasoning;
 pub mod source_gguf;
 pub mod source_hf;
 pub mod step_input;
+pub mod tool_parser;
 pub mod weights;
