@@ -49,6 +49,9 @@ pub struct ForcedToolCall {
     json: Option<JsonPrefix>,
     /// Whether the object's `{` has been seen (whitespace may precede it).
     opened: bool,
+    /// The last character produced: runs of whitespace are refused, because a small model
+    /// would otherwise spend its whole budget on blank JSON padding.
+    last_char: Option<char>,
 }
 
 impl ForcedToolCall {
@@ -60,7 +63,19 @@ impl ForcedToolCall {
             head: String::new(),
             json,
             opened: false,
+            last_char: None,
         }
+    }
+
+    fn doubles_whitespace(&self, text: &str) -> bool {
+        let mut prev = self.last_char;
+        for c in text.chars() {
+            if c.is_whitespace() && prev.is_none_or(char::is_whitespace) {
+                return true;
+            }
+            prev = Some(c);
+        }
+        false
     }
 
     /// The state after appending `text`, or `None` if that breaks the form.
@@ -77,7 +92,8 @@ impl ForcedToolCall {
                     rest = &head[l.len()..];
                     let rest_owned = rest.to_string();
                     json = Some(JsonPrefix::new());
-                    return Self::feed_json(json, opened, &rest_owned).map(|(j, o)| (head.clone(), j, o));
+                    return Self::feed_json(json, opened, &rest_owned)
+                        .map(|(j, o)| (head.clone(), j, o));
                 }
                 None => {
                     return self
@@ -94,7 +110,11 @@ impl ForcedToolCall {
         Some((head, json, opened))
     }
 
-    fn feed_json(json: Option<JsonPrefix>, mut opened: bool, text: &str) -> Option<(Option<JsonPrefix>, bool)> {
+    fn feed_json(
+        json: Option<JsonPrefix>,
+        mut opened: bool,
+        text: &str,
+    ) -> Option<(Option<JsonPrefix>, bool)> {
         let mut j = json?;
         if j.status() == JsonStatus::Complete && !text.is_empty() {
             return None;
@@ -126,7 +146,7 @@ impl TokenConstraint for ForcedToolCall {
             return false;
         };
         // A lone piece of a multi-byte character cannot be checked; refuse it.
-        if text.contains('\u{FFFD}') {
+        if text.contains('\u{FFFD}') || self.doubles_whitespace(text) {
             return false;
         }
         self.after(text).is_some()
@@ -139,10 +159,14 @@ impl TokenConstraint for ForcedToolCall {
             self.json = json;
             self.opened = opened;
         }
+        if let Some(c) = text.chars().last() {
+            self.last_char = Some(c);
+        }
     }
 
     fn is_complete(&self) -> bool {
-        self.json.is_some_and(|j| j.status() == JsonStatus::Complete)
+        self.json
+            .is_some_and(|j| j.status() == JsonStatus::Complete)
     }
 }
 
@@ -170,7 +194,18 @@ mod tests {
         let mut c = ForcedToolCall::new(t, Vec::new());
         assert!(!c.allows(5), "text before the object");
         assert!(!c.allows(7), "an array is not an arguments object");
-        assert!(run(&mut c, &[6, 0, 1, 2, 3]));
+        assert!(
+            !c.allows(6),
+            "no leading whitespace: the prompt already ends with one"
+        );
+        assert!(run(&mut c, &[0, 1, 2]));
+        let mut spaced = c.clone();
+        assert!(run(&mut spaced, &[6]));
+        assert!(
+            !spaced.allows(6) && !spaced.allows(3),
+            "no runs of whitespace"
+        );
+        assert!(run(&mut c, &[3]));
         assert!(!c.is_complete());
         assert!(!c.allows(5));
         assert!(run(&mut c, &[4]));
@@ -181,12 +216,23 @@ mod tests {
     #[test]
     fn required_call_chooses_among_the_offered_names() {
         let lit = |n: &str| format!("{n}\", \"arguments\": ");
-        let t = texts(&["get", "_weather", "_time", "\", \"arguments\": {", "}", "_news", "\", \"arguments\": "]);
+        let t = texts(&[
+            "get",
+            "_weather",
+            "_time",
+            "\", \"arguments\": {",
+            "}",
+            "_news",
+            "\", \"arguments\": ",
+        ]);
         let mut c = ForcedToolCall::new(t, vec![lit("get_weather"), lit("get_time")]);
         assert!(c.allows(0));
         assert!(run(&mut c, &[0]));
         assert!(!c.allows(5), "get_news is not offered");
-        assert!(run(&mut c, &[1, 3]), "a token may span the literal and the object");
+        assert!(
+            run(&mut c, &[1, 3]),
+            "a token may span the literal and the object"
+        );
         assert!(run(&mut c, &[4]));
         assert!(c.is_complete());
     }

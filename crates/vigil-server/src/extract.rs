@@ -53,9 +53,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             ApiError::invalid(param.clone(), format!("invalid `{param}`: {msg}"))
         }
     })?;
-    de.end().map_err(|e| {
-        ApiError::bad_request(format!("invalid JSON in the request body: {e}"))
-    })?;
+    de.end()
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON in the request body: {e}")))?;
     Ok(value)
 }
 

@@ -106,7 +106,8 @@ pub fn start(
         (Some(fc), Some(format)) => Some(Box::new(ForcedToolCall::new(
             state.token_texts(),
             fc.literals(format),
-        )) as Box<dyn vigil_engine::constraint::TokenConstraint>),
+        ))
+            as Box<dyn vigil_engine::constraint::TokenConstraint>),
         _ => None,
     };
     let tail_start = prompt_len.saturating_sub(4);
@@ -120,7 +121,10 @@ pub fn start(
             constraint,
         })
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    state.metrics.requests_started.fetch_add(1, Ordering::Relaxed);
+    state
+        .metrics
+        .requests_started
+        .fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
     let state = state.clone();
     let arrived = Instant::now();

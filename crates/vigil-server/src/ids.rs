@@ -12,7 +12,11 @@ pub fn new_id(prefix: &str) -> String {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     let mixed = (t ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    let sep = if prefix.ends_with('-') { "" } else { "_" };
+    let sep = if prefix.ends_with(['-', '_']) {
+        ""
+    } else {
+        "_"
+    };
     format!("{prefix}{sep}{mixed:016x}{n:04x}")
 }
 

@@ -94,18 +94,53 @@ impl ServerMetrics {
             let _ = writeln!(out, "vigil_requests_total{{status=\"{status}\"}} {v}");
         }
         let counters: [(&str, &str, u64); 9] = [
-            ("vigil_prompt_tokens_total", "Prompt tokens of finished requests.", l(&engine.prompt_tokens)),
-            ("vigil_generated_tokens_total", "Tokens generated.", l(&engine.generated_tokens)),
-            ("vigil_prefix_cached_tokens_total", "Prompt tokens served from the prefix cache.", l(&engine.prefix_cached_tokens)),
-            ("vigil_prefill_tokens_total", "Prompt tokens computed (including recompute after preemption).", l(&engine.prefill_tokens)),
-            ("vigil_decode_tokens_total", "Decode tokens computed.", l(&engine.decode_tokens)),
-            ("vigil_preemptions_total", "Sequences preempted by recompute.", l(&engine.preemptions)),
+            (
+                "vigil_prompt_tokens_total",
+                "Prompt tokens of finished requests.",
+                l(&engine.prompt_tokens),
+            ),
+            (
+                "vigil_generated_tokens_total",
+                "Tokens generated.",
+                l(&engine.generated_tokens),
+            ),
+            (
+                "vigil_prefix_cached_tokens_total",
+                "Prompt tokens served from the prefix cache.",
+                l(&engine.prefix_cached_tokens),
+            ),
+            (
+                "vigil_prefill_tokens_total",
+                "Prompt tokens computed (including recompute after preemption).",
+                l(&engine.prefill_tokens),
+            ),
+            (
+                "vigil_decode_tokens_total",
+                "Decode tokens computed.",
+                l(&engine.decode_tokens),
+            ),
+            (
+                "vigil_preemptions_total",
+                "Sequences preempted by recompute.",
+                l(&engine.preemptions),
+            ),
             ("vigil_steps_total", "Engine steps run.", l(&engine.steps)),
-            ("vigil_tool_calls_malformed_total", "Tool calls whose arguments were not valid JSON.", l(&self.tool_calls_malformed)),
-            ("vigil_requests_started_total", "Requests accepted.", l(&self.requests_started)),
+            (
+                "vigil_tool_calls_malformed_total",
+                "Tool calls whose arguments were not valid JSON.",
+                l(&self.tool_calls_malformed),
+            ),
+            (
+                "vigil_requests_started_total",
+                "Requests accepted.",
+                l(&self.requests_started),
+            ),
         ];
         for (name, help, v) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         }
         let queried = l(&engine.prefix_queried_tokens);
         let hit_rate = if queried == 0 {
@@ -121,25 +156,73 @@ impl ServerMetrics {
         };
         let u = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed) as f64;
         let gauges: [(&str, &str, f64); 7] = [
-            ("vigil_queue_depth", "Requests waiting to be admitted.", u(&engine.waiting)),
-            ("vigil_running_sequences", "Sequences being computed.", u(&engine.running)),
-            ("vigil_kv_blocks_total", "KV cache blocks in the pool.", u(&engine.kv_blocks_total)),
-            ("vigil_kv_blocks_free", "KV cache blocks free (including cached, evictable ones).", u(&engine.kv_blocks_free)),
-            ("vigil_kv_blocks_used", "KV cache blocks held by sequences.", u(&engine.kv_blocks_total) - u(&engine.kv_blocks_free)),
-            ("vigil_prefix_cache_hit_rate", "Share of finished requests' prompt tokens served from the prefix cache.", hit_rate),
-            ("vigil_prefill_tokens_per_step", "Mean prompt tokens computed per step that computed any.", mean_prefill),
+            (
+                "vigil_queue_depth",
+                "Requests waiting to be admitted.",
+                u(&engine.waiting),
+            ),
+            (
+                "vigil_running_sequences",
+                "Sequences being computed.",
+                u(&engine.running),
+            ),
+            (
+                "vigil_kv_blocks_total",
+                "KV cache blocks in the pool.",
+                u(&engine.kv_blocks_total),
+            ),
+            (
+                "vigil_kv_blocks_free",
+                "KV cache blocks free (including cached, evictable ones).",
+                u(&engine.kv_blocks_free),
+            ),
+            (
+                "vigil_kv_blocks_used",
+                "KV cache blocks held by sequences.",
+                u(&engine.kv_blocks_total) - u(&engine.kv_blocks_free),
+            ),
+            (
+                "vigil_prefix_cache_hit_rate",
+                "Share of finished requests' prompt tokens served from the prefix cache.",
+                hit_rate,
+            ),
+            (
+                "vigil_prefill_tokens_per_step",
+                "Mean prompt tokens computed per step that computed any.",
+                mean_prefill,
+            ),
         ];
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
-        self.ttft.render(&mut out, "vigil_time_to_first_token_seconds", "Time from request arrival to its first token.");
-        self.inter_token.render(&mut out, "vigil_inter_token_latency_seconds", "Time between consecutive tokens of a request.");
-        self.e2e.render(&mut out, "vigil_request_duration_seconds", "Time from request arrival to its end.");
+        self.ttft.render(
+            &mut out,
+            "vigil_time_to_first_token_seconds",
+            "Time from request arrival to its first token.",
+        );
+        self.inter_token.render(
+            &mut out,
+            "vigil_inter_token_latency_seconds",
+            "Time between consecutive tokens of a request.",
+        );
+        self.e2e.render(
+            &mut out,
+            "vigil_request_duration_seconds",
+            "Time from request arrival to its end.",
+        );
         let name = "vigil_step_duration_seconds";
         let _ = writeln!(out, "# HELP {name} Engine step time by kind (steps with any prompt token count as prefill).\n# TYPE {name} histogram");
         for (kind, buckets, sum_ns) in [
-            ("prefill", &engine.step_ns_buckets.prefill, l(&engine.prefill_step_ns)),
-            ("decode", &engine.step_ns_buckets.decode, l(&engine.decode_step_ns)),
+            (
+                "prefill",
+                &engine.step_ns_buckets.prefill,
+                l(&engine.prefill_step_ns),
+            ),
+            (
+                "decode",
+                &engine.step_ns_buckets.decode,
+                l(&engine.decode_step_ns),
+            ),
         ] {
             let mut cum = 0;
             for (i, b) in STEP_BUCKETS.iter().enumerate() {

@@ -20,17 +20,27 @@ pub struct ChatPromptSpec<'a> {
     pub forced: Option<crate::output::ForcedCall>,
 }
 
-pub async fn render_chat(state: &SharedState, spec: ChatPromptSpec<'_>) -> Result<ChatPrompt, ApiError> {
-    let template = state
-        .template
-        .clone()
-        .ok_or_else(|| ApiError::bad_request("this model has no chat template; use /v1/completions"))?;
+pub async fn render_chat(
+    state: &SharedState,
+    spec: ChatPromptSpec<'_>,
+) -> Result<ChatPrompt, ApiError> {
+    let template = state.template.clone().ok_or_else(|| {
+        ApiError::bad_request("this model has no chat template; use /v1/completions")
+    })?;
     let mut text = template
         .render(spec.messages, spec.tools, true, &spec.kwargs)
-        .map_err(|e| ApiError::invalid("messages", format!("the chat template refused the conversation: {e}")))?;
+        .map_err(|e| {
+            ApiError::invalid(
+                "messages",
+                format!("the chat template refused the conversation: {e}"),
+            )
+        })?;
     let starts_in_thinking = text.trim_end().ends_with("<think>");
     if let (Some(fc), Some(format)) = (&spec.forced, state.tool_format) {
-        text.push_str(&vigil_model::tool_parser::forced_call_prefix(format, fc.name.as_deref()));
+        text.push_str(&vigil_model::tool_parser::forced_call_prefix(
+            format,
+            fc.name.as_deref(),
+        ));
     }
     let tokenizer = state.tokenizer.clone();
     let ids = tokio::task::spawn_blocking(move || tokenizer.encode(&text, false))
@@ -81,7 +91,9 @@ pub fn template_kwargs(
             other => {
                 return Err(ApiError::invalid(
                     "reasoning_effort",
-                    format!("unknown value `{other}` (none, minimal, low, medium, high, xhigh, max)"),
+                    format!(
+                        "unknown value `{other}` (none, minimal, low, medium, high, xhigh, max)"
+                    ),
                 ))
             }
         };

@@ -22,10 +22,19 @@ pub fn router(state: SharedState) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
-        .route("/v1/chat/completions", post(crate::openai::chat::chat_completions))
-        .route("/v1/completions", post(crate::openai::completions::completions))
+        .route(
+            "/v1/chat/completions",
+            post(crate::openai::chat::chat_completions),
+        )
+        .route(
+            "/v1/completions",
+            post(crate::openai::completions::completions),
+        )
         .route("/v1/messages", post(crate::anthropic::messages::messages))
-        .route("/v1/messages/count_tokens", post(crate::anthropic::messages::count_tokens))
+        .route(
+            "/v1/messages/count_tokens",
+            post(crate::anthropic::messages::count_tokens),
+        )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::max(limit))
@@ -53,11 +62,7 @@ pub fn check_session_header(headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn authenticate(
-    State(state): State<SharedState>,
-    req: Request,
-    next: Next,
-) -> Response {
+async fn authenticate(State(state): State<SharedState>, req: Request, next: Next) -> Response {
     state.metrics.connections.fetch_add(1, Ordering::Relaxed);
     let path = req.uri().path();
     let open = matches!(path, "/health" | "/healthz");
@@ -66,13 +71,20 @@ async fn authenticate(
         let bearer = h
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            });
         let x_api_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
         let matches = |given: Option<&str>| {
             given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())))
         };
         if !(matches(bearer) || matches(x_api_key)) {
-            let flavor = if path.starts_with("/v1/messages") { Flavor::Anthropic } else { Flavor::OpenAi };
+            let flavor = if path.starts_with("/v1/messages") {
+                Flavor::Anthropic
+            } else {
+                Flavor::OpenAi
+            };
             return ApiError::unauthorized().with_flavor(flavor).into_response();
         }
     }
@@ -80,7 +92,12 @@ async fn authenticate(
 }
 
 async fn not_found(req: Request) -> Response {
-    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path())).into_response()
+    ApiError::not_found(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
+    .into_response()
 }
 
 async fn health(State(state): State<SharedState>) -> Response {
@@ -109,7 +126,11 @@ async fn health(State(state): State<SharedState>) -> Response {
         "tool_calls_malformed": l(&m.tool_calls_malformed),
         "sessions": 0,
     });
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (status, Json(body)).into_response()
 }
 
@@ -154,7 +175,10 @@ async fn get_model(State(state): State<SharedState>, Path(id): Path<String>) -> 
     if id.eq_ignore_ascii_case(&state.model_id) {
         Json(model_json(&state)).into_response()
     } else {
-        ApiError::not_found(format!("model `{id}` not found (this server serves `{}`)", state.model_id))
-            .into_response()
+        ApiError::not_found(format!(
+            "model `{id}` not found (this server serves `{}`)",
+            state.model_id
+        ))
+        .into_response()
     }
 }

@@ -34,10 +34,15 @@ pub struct EngineOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("loading {path}: {message}")]
     Load { path: String, message: String },
-    #[error("the KV memory budget ({bytes} bytes) holds fewer than 2 blocks of {block_bytes} bytes")]
+    #[error(
+        "the KV memory budget ({bytes} bytes) holds fewer than 2 blocks of {block_bytes} bytes"
+    )]
     KvTooSmall { bytes: usize, block_bytes: usize },
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -79,7 +84,9 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
     let _ = loading.await;
 
     let app = crate::routes::router(state.clone());
-    state.ready.store(true, std::sync::atomic::Ordering::Release);
+    state
+        .ready
+        .store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("ready: serving `{}` on http://{addr}", state.model_id);
     let listener = tokio::net::TcpListener::from_std(listener)?;
     axum::serve(listener, app)
@@ -110,7 +117,14 @@ fn build_state(
         });
     }
     let pool_tokens = num_blocks * opts.block_size;
-    let model_ctx = opts.load.max_context.map_or(max_position_embeddings, |c| c.min(max_position_embeddings));
+    // Like llama.cpp's `-c`, `--ctx` may exceed the trained context (RoPE has no hard limit;
+    // quality past it is the user's call), with a warning.
+    let model_ctx = opts.load.max_context.unwrap_or(max_position_embeddings);
+    if model_ctx > max_position_embeddings {
+        tracing::warn!(
+            "--ctx {model_ctx} exceeds the model's trained context ({max_position_embeddings} tokens)"
+        );
+    }
     let max_model_len = model_ctx.min(pool_tokens);
     tracing::info!(
         "KV cache: {num_blocks} blocks of {} tokens ({pool_tokens} tokens, {:.1} MiB); max_model_len {max_model_len}",
@@ -124,14 +138,21 @@ fn build_state(
     let supports_thinking = template_source
         .as_deref()
         .is_some_and(|s| s.contains("enable_thinking") && s.contains("<think>"));
-    let kv = KvCache::new(c.num_layers, c.kv_dim(), num_blocks, opts.block_size, KvDtype::F16);
+    let kv = KvCache::new(
+        c.num_layers,
+        c.kv_dim(),
+        num_blocks,
+        opts.block_size,
+        KvDtype::F16,
+    );
     let scheduler = SchedulerConfig {
         max_batched_tokens: opts.max_batched_tokens,
         max_seqs: config.max_seqs,
         enable_prefix_cache: opts.enable_prefix_cache,
         ..SchedulerConfig::default()
     };
-    let engine = EngineHandle::spawn(move || LlmEngine::new(ModelRunner::new(model, kv), scheduler))?;
+    let engine =
+        EngineHandle::spawn(move || LlmEngine::new(ModelRunner::new(model, kv), scheduler))?;
     let model_id = opts.served_model_name.clone().unwrap_or_else(|| {
         opts.model_path
             .file_name()

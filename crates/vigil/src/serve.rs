@@ -21,7 +21,7 @@ pub struct ServeArgs {
     /// Kernel worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Cap on the context length (default: the model's).
+    /// Context length (default: the model's trained context; larger is allowed, with a warning).
     #[arg(long)]
     ctx: Option<usize>,
     /// KV cache memory, e.g. `2GiB`, `512MiB` (default: 10% of RAM, at most 2 GiB).
@@ -97,9 +97,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
 /// `2GiB`, `512MiB`, `1G`, `300M`, `4096` (bytes).
 fn parse_size(s: &str) -> Result<usize> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().context("expected a number with an optional unit")?;
+    let n: f64 = num
+        .parse()
+        .context("expected a number with an optional unit")?;
     let mult = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" | "kib" => 1024.0,

@@ -36,7 +36,14 @@ pub fn convert(req: &MessagesRequest) -> Result<Converted, ApiError> {
     }
     let thinking = thinking_switch(req)?;
     let (mode, parallel) = match &req.tool_choice {
-        None => (if req.tools.as_ref().is_some_and(|t| !t.is_empty()) { ToolMode::Auto } else { ToolMode::None }, true),
+        None => (
+            if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+                ToolMode::Auto
+            } else {
+                ToolMode::None
+            },
+            true,
+        ),
         Some(tc) => {
             let parallel = !tc.disable_parallel_tool_use.unwrap_or(false);
             let mode = match tc.kind.as_str() {
@@ -47,7 +54,12 @@ pub fn convert(req: &MessagesRequest) -> Result<Converted, ApiError> {
                     Some(n) => ToolMode::Named(n.clone()),
                     None => return Err(bad("tool_choice.name", "required when type is \"tool\"")),
                 },
-                other => return Err(bad("tool_choice.type", format!("unknown type `{other}` (auto, any, tool, none)"))),
+                other => {
+                    return Err(bad(
+                        "tool_choice.type",
+                        format!("unknown type `{other}` (auto, any, tool, none)"),
+                    ))
+                }
             };
             (mode, parallel)
         }
@@ -55,15 +67,24 @@ pub fn convert(req: &MessagesRequest) -> Result<Converted, ApiError> {
     let tools = req.tools.as_deref().unwrap_or_default();
     if matches!(mode, ToolMode::Required | ToolMode::Named(_)) {
         if tools.is_empty() {
-            return Err(bad("tool_choice", "tool_choice forces a call but no `tools` were given"));
+            return Err(bad(
+                "tool_choice",
+                "tool_choice forces a call but no `tools` were given",
+            ));
         }
         if thinking == Some(true) {
-            return Err(bad("tool_choice", "thinking cannot be combined with a forced tool choice"));
+            return Err(bad(
+                "tool_choice",
+                "thinking cannot be combined with a forced tool choice",
+            ));
         }
     }
     if let ToolMode::Named(n) = &mode {
         if !tools.iter().any(|t| &t.name == n) {
-            return Err(bad("tool_choice.name", format!("tool `{n}` is not in `tools`")));
+            return Err(bad(
+                "tool_choice.name",
+                format!("tool `{n}` is not in `tools`"),
+            ));
         }
     }
     let tools = if tools.is_empty() || mode == ToolMode::None {
@@ -74,9 +95,15 @@ pub fn convert(req: &MessagesRequest) -> Result<Converted, ApiError> {
             if t.name.is_empty() {
                 return Err(bad(format!("tools[{i}].name"), "must not be empty"));
             }
-            let schema = t.input_schema.clone().unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+            let schema = t
+                .input_schema
+                .clone()
+                .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
             if !schema.is_object() {
-                return Err(bad(format!("tools[{i}].input_schema"), "must be a JSON Schema object"));
+                return Err(bad(
+                    format!("tools[{i}].input_schema"),
+                    "must be a JSON Schema object",
+                ));
             }
             let mut f = json!({"name": t.name, "parameters": schema});
             if let Some(d) = &t.description {
@@ -86,7 +113,13 @@ pub fn convert(req: &MessagesRequest) -> Result<Converted, ApiError> {
         }
         Some(Value::Array(out))
     };
-    Ok(Converted { messages: Value::Array(messages), tools, mode, parallel, thinking })
+    Ok(Converted {
+        messages: Value::Array(messages),
+        tools,
+        mode,
+        parallel,
+        thinking,
+    })
 }
 
 fn thinking_switch(req: &MessagesRequest) -> Result<Option<bool>, ApiError> {
@@ -97,17 +130,30 @@ fn thinking_switch(req: &MessagesRequest) -> Result<Option<bool>, ApiError> {
                 match t.budget_tokens {
                     Some(b) if b >= 1024 => {}
                     Some(_) => return Err(bad("thinking.budget_tokens", "must be at least 1024")),
-                    None => return Err(bad("thinking.budget_tokens", "required when thinking is enabled")),
+                    None => {
+                        return Err(bad(
+                            "thinking.budget_tokens",
+                            "required when thinking is enabled",
+                        ))
+                    }
                 }
                 true
             }
             "adaptive" => true,
             "disabled" => false,
-            other => return Err(bad("thinking.type", format!("unknown type `{other}` (enabled, adaptive, disabled)"))),
+            other => {
+                return Err(bad(
+                    "thinking.type",
+                    format!("unknown type `{other}` (enabled, adaptive, disabled)"),
+                ))
+            }
         });
         if let Some(d) = &t.display {
             if d != "summarized" && d != "omitted" {
-                return Err(bad("thinking.display", "must be \"summarized\" or \"omitted\""));
+                return Err(bad(
+                    "thinking.display",
+                    "must be \"summarized\" or \"omitted\"",
+                ));
             }
         }
     }
@@ -119,7 +165,12 @@ fn thinking_switch(req: &MessagesRequest) -> Result<Option<bool>, ApiError> {
             on = Some(match e.as_str() {
                 "low" => false,
                 "medium" | "high" | "xhigh" | "max" => true,
-                other => return Err(bad("output_config.effort", format!("unknown effort `{other}`"))),
+                other => {
+                    return Err(bad(
+                        "output_config.effort",
+                        format!("unknown effort `{other}`"),
+                    ))
+                }
             });
         }
     }
@@ -132,9 +183,17 @@ fn text_of(v: &Value, field: &str) -> Result<String, ApiError> {
         Value::Array(blocks) => {
             let mut out = String::new();
             for (k, b) in blocks.iter().enumerate() {
-                match (b.get("type").and_then(Value::as_str), b.get("text").and_then(Value::as_str)) {
+                match (
+                    b.get("type").and_then(Value::as_str),
+                    b.get("text").and_then(Value::as_str),
+                ) {
                     (Some("text"), Some(t)) => out.push_str(t),
-                    _ => return Err(bad(format!("{field}[{k}]"), "must be a text block `{\"type\": \"text\", \"text\": ...}`")),
+                    _ => {
+                        return Err(bad(
+                            format!("{field}[{k}]"),
+                            "must be a text block `{\"type\": \"text\", \"text\": ...}`",
+                        ))
+                    }
                 }
             }
             Ok(out)
@@ -148,13 +207,28 @@ fn convert_message(m: &InputMessage, i: usize, out: &mut Vec<Value>) -> Result<(
     let field = format!("messages[{i}]");
     let role = match m.role.as_str() {
         "user" | "assistant" => m.role.as_str(),
-        "system" => return Err(bad(format!("{field}.role"), "`system` is not a message role here; use the top-level `system` field")),
-        other => return Err(bad(format!("{field}.role"), format!("unknown role `{other}` (user, assistant)"))),
+        "system" => {
+            return Err(bad(
+                format!("{field}.role"),
+                "`system` is not a message role here; use the top-level `system` field",
+            ))
+        }
+        other => {
+            return Err(bad(
+                format!("{field}.role"),
+                format!("unknown role `{other}` (user, assistant)"),
+            ))
+        }
     };
     let blocks: Vec<Value> = match &m.content {
         Value::String(s) => vec![json!({"type": "text", "text": s})],
         Value::Array(b) => b.clone(),
-        _ => return Err(bad(format!("{field}.content"), "must be a string or an array of content blocks")),
+        _ => {
+            return Err(bad(
+                format!("{field}.content"),
+                "must be a string or an array of content blocks",
+            ))
+        }
     };
     let mut text = String::new();
     let mut reasoning = String::new();
@@ -166,11 +240,19 @@ fn convert_message(m: &InputMessage, i: usize, out: &mut Vec<Value>) -> Result<(
         match (role, kind) {
             (_, "text") => match b.get("text").and_then(Value::as_str) {
                 Some(t) => text.push_str(t),
-                None => return Err(bad(format!("{bf}.text"), "a text block needs a string `text`")),
+                None => {
+                    return Err(bad(
+                        format!("{bf}.text"),
+                        "a text block needs a string `text`",
+                    ))
+                }
             },
             ("user", "image") => return Err(bad(bf, "this model does not accept images")),
             ("user", "tool_result") => {
-                let id = b.get("tool_use_id").and_then(Value::as_str).unwrap_or_default();
+                let id = b
+                    .get("tool_use_id")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
                 let content = match b.get("content") {
                     None | Some(Value::Null) => String::new(),
                     Some(Value::String(s)) => s.clone(),
@@ -184,15 +266,25 @@ fn convert_message(m: &InputMessage, i: usize, out: &mut Vec<Value>) -> Result<(
                         }
                         s
                     }
-                    Some(_) => return Err(bad(format!("{bf}.content"), "must be a string or an array of text parts")),
+                    Some(_) => {
+                        return Err(bad(
+                            format!("{bf}.content"),
+                            "must be a string or an array of text parts",
+                        ))
+                    }
                 };
                 tool_results.push(json!({"role": "tool", "content": content, "tool_call_id": id}));
             }
             ("assistant", "tool_use") => {
-                let name = b.get("name").and_then(Value::as_str).ok_or_else(|| bad(format!("{bf}.name"), "a tool_use block needs `name`"))?;
+                let name = b
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad(format!("{bf}.name"), "a tool_use block needs `name`"))?;
                 let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
-                calls.push(json!({"id": b.get("id").cloned().unwrap_or(json!("")), "type": "function",
-                    "function": {"name": name, "arguments": input}}));
+                calls.push(
+                    json!({"id": b.get("id").cloned().unwrap_or(json!("")), "type": "function",
+                    "function": {"name": name, "arguments": input}}),
+                );
             }
             ("assistant", "thinking") => {
                 if let Some(t) = b.get("thinking").and_then(Value::as_str) {
@@ -200,7 +292,12 @@ fn convert_message(m: &InputMessage, i: usize, out: &mut Vec<Value>) -> Result<(
                 }
             }
             ("assistant", "redacted_thinking") => {}
-            _ => return Err(bad(format!("{bf}.type"), format!("unsupported content block `{kind}` in a {role} message"))),
+            _ => {
+                return Err(bad(
+                    format!("{bf}.type"),
+                    format!("unsupported content block `{kind}` in a {role} message"),
+                ))
+            }
         }
     }
     // Tool results answer the previous assistant turn, so they come before any text.

@@ -43,7 +43,8 @@ pub async fn count_tokens(
         Ok::<_, ApiError>(axum::Json(json!({"input_tokens": prompt.ids.len()})).into_response())
     }
     .await;
-    result.unwrap_or_else(|e| crate::routes::error_response(&state, e.with_flavor(Flavor::Anthropic)))
+    result
+        .unwrap_or_else(|e| crate::routes::error_response(&state, e.with_flavor(Flavor::Anthropic)))
 }
 
 async fn build_prompt(
@@ -56,10 +57,17 @@ async fn build_prompt(
         let on = conv.thinking.unwrap_or(false) && !forced;
         kwargs.insert("enable_thinking".into(), Value::Bool(on));
     }
-    let tool_format = if conv.tools.is_some() { state.tool_format } else { None };
+    let tool_format = if conv.tools.is_some() {
+        state.tool_format
+    } else {
+        None
+    };
     let forced = if forced {
         if state.tool_format.is_none() {
-            return Err(ApiError::invalid("tool_choice", "this model's chat template has no tool-call format, so a call cannot be forced"));
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "this model's chat template has no tool-call format, so a call cannot be forced",
+            ));
         }
         let name = match &conv.mode {
             ToolMode::Named(n) => Some(n.clone()),
@@ -74,7 +82,12 @@ async fn build_prompt(
     };
     let prompt = render_chat(
         state,
-        ChatPromptSpec { messages: &conv.messages, tools: conv.tools.as_ref(), kwargs, forced },
+        ChatPromptSpec {
+            messages: &conv.messages,
+            tools: conv.tools.as_ref(),
+            kwargs,
+            forced,
+        },
     )
     .await?;
     Ok((prompt, tool_format))
@@ -122,7 +135,13 @@ async fn handle(
     )
     .map_err(|e| {
         if e.code == Some("context_length_exceeded") {
-            ApiError::invalid("messages", format!("prompt is too long: {num_prompt} tokens > {} maximum", state.max_model_len.saturating_sub(1)))
+            ApiError::invalid(
+                "messages",
+                format!(
+                    "prompt is too long: {num_prompt} tokens > {} maximum",
+                    state.max_model_len.saturating_sub(1)
+                ),
+            )
         } else {
             e
         }
@@ -143,7 +162,9 @@ fn stop_reason(finish: &Finish, has_calls: bool) -> (&'static str, Value) {
         Finish::Eos => ("end_turn", Value::Null),
         Finish::StopString(s) => ("stop_sequence", json!(s)),
         Finish::Length { context_full: true } => ("model_context_window_exceeded", Value::Null),
-        Finish::Length { context_full: false } => ("max_tokens", Value::Null),
+        Finish::Length {
+            context_full: false,
+        } => ("max_tokens", Value::Null),
     }
 }
 
@@ -254,7 +275,10 @@ fn stream(
         let close = |open: &mut Open, send: &dyn Fn(&str, Value) -> bool| {
             match *open {
                 Open::Thinking(i) => {
-                    send("content_block_delta", json!({"index": i, "delta": {"type": "signature_delta", "signature": signature(&id)}}));
+                    send(
+                        "content_block_delta",
+                        json!({"index": i, "delta": {"type": "signature_delta", "signature": signature(&id)}}),
+                    );
                     send("content_block_stop", json!({"index": i}));
                 }
                 Open::Text(i) => {
@@ -271,21 +295,33 @@ fn stream(
                         if !matches!(open, Open::Thinking(_)) {
                             close(open, &send);
                             *open = Open::Thinking(*next_index);
-                            send("content_block_start", json!({"index": *next_index, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}));
+                            send(
+                                "content_block_start",
+                                json!({"index": *next_index, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+                            );
                             *next_index += 1;
                         }
                         let Open::Thinking(i) = *open else { continue };
-                        send("content_block_delta", json!({"index": i, "delta": {"type": "thinking_delta", "thinking": s}}))
+                        send(
+                            "content_block_delta",
+                            json!({"index": i, "delta": {"type": "thinking_delta", "thinking": s}}),
+                        )
                     }
                     OutDelta::Content(s) => {
                         if !matches!(open, Open::Text(_)) {
                             close(open, &send);
                             *open = Open::Text(*next_index);
-                            send("content_block_start", json!({"index": *next_index, "content_block": {"type": "text", "text": ""}}));
+                            send(
+                                "content_block_start",
+                                json!({"index": *next_index, "content_block": {"type": "text", "text": ""}}),
+                            );
                             *next_index += 1;
                         }
                         let Open::Text(i) = *open else { continue };
-                        send("content_block_delta", json!({"index": i, "delta": {"type": "text_delta", "text": s}}))
+                        send(
+                            "content_block_delta",
+                            json!({"index": i, "delta": {"type": "text_delta", "text": s}}),
+                        )
                     }
                 };
                 if !ok {
@@ -318,17 +354,26 @@ fn stream(
                         let mut block = tool_use_block(c);
                         let input = block["input"].take();
                         block["input"] = json!({});
-                        send("content_block_start", json!({"index": next_index, "content_block": block}));
+                        send(
+                            "content_block_start",
+                            json!({"index": next_index, "content_block": block}),
+                        );
                         let partial = match &input {
                             Value::String(raw) => raw.clone(),
                             v => v.to_string(),
                         };
-                        send("content_block_delta", json!({"index": next_index, "delta": {"type": "input_json_delta", "partial_json": partial}}));
+                        send(
+                            "content_block_delta",
+                            json!({"index": next_index, "delta": {"type": "input_json_delta", "partial_json": partial}}),
+                        );
                         send("content_block_stop", json!({"index": next_index}));
                         next_index += 1;
                     }
                     let (reason, seq) = stop_reason(&finish, !calls.is_empty());
-                    send("message_delta", json!({"delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage_json(&usage)}));
+                    send(
+                        "message_delta",
+                        json!({"delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage_json(&usage)}),
+                    );
                     send("message_stop", json!({}));
                     return;
                 }

@@ -48,7 +48,11 @@ async fn handle(
     let req: ChatCompletionRequest = parse_body(body, Flavor::OpenAi)?;
     crate::routes::check_session_header(&headers)?;
     let messages = template_messages(&req.messages)?;
-    let mode = tool_mode(req.tool_choice.as_ref(), req.tools.as_deref(), "tool_choice")?;
+    let mode = tool_mode(
+        req.tool_choice.as_ref(),
+        req.tools.as_deref(),
+        "tool_choice",
+    )?;
     let tools = match (&req.tools, &mode) {
         (Some(t), m) if !t.is_empty() && *m != ToolMode::None => Some(template_tools(t)?),
         _ => None,
@@ -60,7 +64,11 @@ async fn handle(
     )?;
     let thinking_asked = kwargs.get("enable_thinking").and_then(Value::as_bool);
     let forced = matches!(mode, ToolMode::Required | ToolMode::Named(_));
-    let tool_format = if tools.is_some() { state.tool_format } else { None };
+    let tool_format = if tools.is_some() {
+        state.tool_format
+    } else {
+        None
+    };
     let mut forced_call = None;
     if forced {
         if state.tool_format.is_none() {
@@ -89,7 +97,10 @@ async fn handle(
             return Err(ApiError::invalid("top_logprobs", "must be in [0, 20]"));
         }
         if !logprobs {
-            return Err(ApiError::invalid("top_logprobs", "requires `logprobs: true`"));
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "requires `logprobs: true`",
+            ));
         }
     }
     let sampling = sampling_params(
@@ -112,16 +123,10 @@ async fn handle(
         },
     )
     .await?;
-    let thinking = state
-        .supports_thinking
-        .then_some(prompt.starts_in_thinking);
+    let thinking = state.supports_thinking.then_some(prompt.starts_in_thinking);
     let plan = Plan {
         stream: req.stream.unwrap_or(false),
-        include_usage: req
-            .stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            == Some(true),
+        include_usage: req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true),
         logprobs,
         thinking,
         tool_format,
@@ -238,8 +243,13 @@ async fn whole_response(
                 let calls = limit_calls(calls, &plan);
                 count_malformed(&state, &calls);
                 let mut message = json!({"role": "assistant"});
-                let empty_next_to_other = content.is_empty() && (!calls.is_empty() || !reasoning.is_empty());
-                message["content"] = if empty_next_to_other { Value::Null } else { json!(content) };
+                let empty_next_to_other =
+                    content.is_empty() && (!calls.is_empty() || !reasoning.is_empty());
+                message["content"] = if empty_next_to_other {
+                    Value::Null
+                } else {
+                    json!(content)
+                };
                 if !calls.is_empty() {
                     message["tool_calls"] = tool_calls_json(&calls);
                 }
@@ -311,7 +321,11 @@ fn stream_response(
             true
         };
         if tx
-            .send(chunk(json!({"role": "assistant", "content": ""}), Value::Null, Value::Null))
+            .send(chunk(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+                Value::Null,
+            ))
             .is_err()
         {
             return;
@@ -346,8 +360,16 @@ fn stream_response(
                         let _ = tx.send(chunk(opener, Value::Null, Value::Null));
                         let _ = tx.send(chunk(args, Value::Null, Value::Null));
                     }
-                    let lp = if plan.logprobs { logprobs_json(&tokens) } else { Value::Null };
-                    let _ = tx.send(chunk(json!({}), json!(finish_reason(&finish, !calls.is_empty())), lp));
+                    let lp = if plan.logprobs {
+                        logprobs_json(&tokens)
+                    } else {
+                        Value::Null
+                    };
+                    let _ = tx.send(chunk(
+                        json!({}),
+                        json!(finish_reason(&finish, !calls.is_empty())),
+                        lp,
+                    ));
                     if plan.include_usage {
                         let last = json!({
                             "id": id, "object": "chat.completion.chunk", "created": created,

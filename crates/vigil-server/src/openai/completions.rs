@@ -38,7 +38,10 @@ async fn handle(
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
     if req.best_of.is_some_and(|b| b != 1) {
-        return Err(ApiError::invalid("best_of", "only best_of = 1 is supported"));
+        return Err(ApiError::invalid(
+            "best_of",
+            "only best_of = 1 is supported",
+        ));
     }
     if req.echo == Some(true) {
         return Err(ApiError::invalid("echo", "`echo` is not supported"));
@@ -54,10 +57,18 @@ async fn handle(
         PromptField::TextBatch(mut v) if v.len() == 1 => encode(&state, v.remove(0)).await?,
         PromptField::Tokens(ids) => ids,
         PromptField::TokenBatch(mut v) if v.len() == 1 => v.remove(0),
-        _ => return Err(ApiError::invalid("prompt", "only one prompt per request is supported")),
+        _ => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "only one prompt per request is supported",
+            ))
+        }
     };
     if let Some(bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
-        return Err(ApiError::invalid("prompt", format!("token id {bad} is outside the vocabulary ({vocab} tokens)")));
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("token id {bad} is outside the vocabulary ({vocab} tokens)"),
+        ));
     }
     let rx = generate::start(
         &state,
@@ -75,7 +86,14 @@ async fn handle(
     let id = crate::ids::new_id("cmpl-");
     let created = crate::ids::unix_now();
     if req.stream.unwrap_or(false) {
-        Ok(stream(state, rx, id, created, include_usage, logprobs.is_some()))
+        Ok(stream(
+            state,
+            rx,
+            id,
+            created,
+            include_usage,
+            logprobs.is_some(),
+        ))
     } else {
         whole(state, rx, id, created, logprobs.is_some()).await
     }
@@ -134,7 +152,10 @@ async fn whole(
     let mut tokens = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            GenEvent::Delta { text: t, tokens: tk } => {
+            GenEvent::Delta {
+                text: t,
+                tokens: tk,
+            } => {
                 text.push_str(&t);
                 tokens.extend(tk);
             }
@@ -180,7 +201,11 @@ fn stream(
         while let Some(ev) = rx.recv().await {
             match ev {
                 GenEvent::Delta { text, tokens } => {
-                    let lp = if logprobs { logprobs_json(&tokens) } else { Value::Null };
+                    let lp = if logprobs {
+                        logprobs_json(&tokens)
+                    } else {
+                        Value::Null
+                    };
                     if tx.send(chunk(&text, Value::Null, lp)).is_err() {
                         return;
                     }

@@ -24,7 +24,12 @@ pub fn sampling_params(
     let top_k = match p.top_k {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => u32::try_from(k).unwrap_or(u32::MAX),
-        Some(_) => return Err(ApiError::invalid("top_k", "must be -1, 0 (off) or positive")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                "must be -1, 0 (off) or positive",
+            ))
+        }
     };
     let mut logit_bias = Vec::new();
     if let Some(bias) = &p.logit_bias {
