@@ -111,12 +111,19 @@ def test_32_concurrent_streams_match_sequential(smol):
 # ── (b) Prefix cache ───────────────────────────────────────────────────────────────────────
 
 
-def test_prefix_cache_hit_is_reported(smol):
+def fresh_long_chat() -> dict:
+    """A ~300-token chat body no earlier request shares a KV block with: the nonce opens the
+    prompt (in the system message), so not even the first block can be cached."""
     nonce = uuid.uuid4().hex
-    long_text = (f"Reference {nonce}. " + "The harbour wakes before dawn; fishermen mend their nets, gulls "
-                 "circle the masts and the smell of salt and diesel drifts over the quay. " * 10)
-    body = {"messages": [{"role": "user", "content": long_text + "Summarise."}], "temperature": 0,
-            "max_tokens": 4}
+    long_text = ("The harbour wakes before dawn; fishermen mend their nets, gulls circle the masts and "
+                 "the smell of salt and diesel drifts over the quay. " * 10)
+    return {"messages": [{"role": "system", "content": f"{nonce} You summarise."},
+                         {"role": "user", "content": long_text + "Summarise."}],
+            "temperature": 0, "max_tokens": 4}
+
+
+def test_prefix_cache_hit_is_reported(smol):
+    body = fresh_long_chat()
     m0 = prom_value(smol.metrics_text(), "vigil_prefix_cached_tokens_total")
     h0 = smol.health()
     first = httpx.post(smol.url + CHAT, json=body, timeout=120).json()
@@ -128,12 +135,30 @@ def test_prefix_cache_hit_is_reported(smol):
     expected = ((n - 1) // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached == expected, f"prompt {n} tokens: cached {cached}, expected {expected}"
-    assert second["usage"]["prompt_tokens_details"].get("prefix_cached_tokens") == expected
     assert second["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
     m1 = prom_value(smol.metrics_text(), "vigil_prefix_cached_tokens_total")
     assert m1 - m0 >= expected, f"vigil_prefix_cached_tokens_total grew by {m1 - m0}, expected {expected}"
     h1 = smol.health()
     assert h1["prefix_cached_tokens"] - h0["prefix_cached_tokens"] >= expected
+
+
+def test_prefix_cached_tokens_detail(smol):
+    """The prefix cache's share is itemised: `prefix_cached_tokens` on chat completions (only
+    when non-zero), `cache_read_input_tokens` on /v1/messages."""
+    body = fresh_long_chat()
+    first = httpx.post(smol.url + CHAT, json=body, timeout=120).json()
+    assert "prefix_cached_tokens" not in first["usage"]["prompt_tokens_details"]
+    second = httpx.post(smol.url + CHAT, json=body, timeout=120).json()
+    n = second["usage"]["prompt_tokens"]
+    expected = ((n - 1) // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+    assert second["usage"]["prompt_tokens_details"].get("prefix_cached_tokens") == expected, second["usage"]
+    msg = {"system": body["messages"][0]["content"], "messages": body["messages"][1:], "max_tokens": 4,
+           "temperature": 0}
+    m = httpx.post(smol.url + "/v1/messages", json=msg, timeout=120).json()
+    u = m["usage"]
+    assert u["input_tokens"] + u["cache_read_input_tokens"] == n, u
+    assert u["cache_read_input_tokens"] == expected, u
+    assert u.get("prefix_cached_tokens") == expected, u
 
 
 def test_prefix_cache_off(gguf):
@@ -161,12 +186,11 @@ def test_client_disconnect_frees_everything(smol):
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", smol.url + CHAT, json=body) as r:
             assert r.status_code == 200
-            got = 0
-            for _event, data in iter_sse(r):
-                if data != "[DONE]":
-                    got += 1
-                if got >= 3:
-                    break
+            # Keep the event iterator referenced: dropping it would close the connection early.
+            events = iter_sse(r)
+            for _ in range(3):
+                _event, data = next(events)
+                assert data != "[DONE]"
             during = smol.health()
             assert during["running"] == 1
             assert during["kv_pages_free"] < during["kv_pages_total"]
@@ -312,13 +336,20 @@ def test_health_while_loading(gguf):
                         break
             time.sleep(0.01)
         assert ready, f"never ready; saw {seen[-5:]}"
-        unexpected = [(p, s) for p, s in seen if s >= 500 and not (p == "/health" and s == 503)]
-        assert not unexpected, f"5xx other than /health's 503 while loading: {unexpected[:5]}"
-        assert all(s in (200, 503) for p, s in seen if p == "/health"), seen
-        for body in bodies_503:
-            check_health_body(body, ready=False)
+        problems = []
+        unexpected = sorted({(p, s) for p, s in seen if s >= 500 and not (p == "/health" and s == 503)})
+        if unexpected:
+            problems.append(f"5xx other than /health's 503 while loading (/v1/models must work): {unexpected}")
+        if not all(s in (200, 503) for p, s in seen if p == "/health"):
+            problems.append(f"/health answered other than 200/503: {seen}")
+        for body in bodies_503[:1]:
+            try:
+                check_health_body(body, ready=False)
+            except AssertionError as e:
+                problems.append(f"503 /health body is not the documented shape: {e}")
         if not bodies_503:
             print("loading finished before the first /health answer; only the 200 body was checked")
+        assert not problems, "\n".join(problems)
     finally:
         server.stop()
 
