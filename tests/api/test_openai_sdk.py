@@ -351,6 +351,9 @@ def test_tool_choice_named_function(qclient):
     assert calls and len(calls) == 1
     check_call_shape(calls[0], {"get_time"})
     assert calls[0].function.name == "get_time"
+    # The opener is forced, so the model wrote the arguments: they are its text (valid JSON or
+    # not), never dropped to "".
+    assert calls[0].function.arguments, f"arguments dropped after {r.usage.completion_tokens} tokens"
 
 
 def test_tool_choice_required(qclient):
