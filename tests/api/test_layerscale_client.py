@@ -216,6 +216,8 @@ def test_messages_forced_tool_use(qclient):
     assert whole.stop_reason == "tool_use", whole
     uses = [b for b in whole.content if b.type == "tool_use"]
     assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id
+    # The parsed arguments, or the model's raw text when it is not JSON; never dropped to "".
+    assert uses[0].input != "", f"tool_use.input dropped after {whole.usage.output_tokens} tokens"
     events = list(qclient.messages.stream(**body))
     assert isinstance(events[0], MessageStart) and isinstance(events[-1], MessageStop)
     assert isinstance(events[-2], MessageDelta) and events[-2].delta.stop_reason == "tool_use"
