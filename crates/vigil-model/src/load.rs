@@ -42,6 +42,16 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The model's configuration alone, without loading weights or the tokenizer (cheap: a
+/// `config.json` or the GGUF header), e.g. to size the KV cache before loading.
+pub fn read_config(path: &Path) -> Result<ModelConfig> {
+    if path.is_dir() {
+        crate::hf::load_hf_config(path)
+    } else {
+        crate::source_gguf::gguf_config(&crate::gguf::GgufFile::open(path)?)
+    }
+}
+
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let pool = Arc::new(ThreadPool::new(
         opts.threads.unwrap_or_else(default_threads),

@@ -108,9 +108,19 @@ impl ApiError {
             }
             Flavor::Anthropic => json!({
                 "type": "error",
-                "error": {"type": anthropic_kind(self.status, self.kind), "message": self.message},
+                "error": {"type": anthropic_kind(self.status, self.kind), "message": self.message_naming_param()},
                 "request_id": crate::ids::new_id("req"),
             }),
+        }
+    }
+}
+
+impl ApiError {
+    /// Anthropic's envelope has no `param`, so the message itself names the field.
+    fn message_naming_param(&self) -> String {
+        match &self.param {
+            Some(p) if !self.message.contains(p.as_str()) => format!("{p}: {}", self.message),
+            _ => self.message.clone(),
         }
     }
 }

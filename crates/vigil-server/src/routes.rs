@@ -92,40 +92,24 @@ async fn authenticate(State(state): State<SharedState>, req: Request, next: Next
 }
 
 async fn not_found(req: Request) -> Response {
-    ApiError::not_found(format!(
-        "no route for {} {}",
-        req.method(),
-        req.uri().path()
-    ))
-    .into_response()
+    let path = req.uri().path();
+    let flavor = if path.starts_with("/v1/messages") {
+        Flavor::Anthropic
+    } else {
+        Flavor::OpenAi
+    };
+    ApiError::not_found(format!("no route for {} {path}", req.method()))
+        .with_flavor(flavor)
+        .into_response()
 }
 
 async fn health(State(state): State<SharedState>) -> Response {
-    let e = &state.engine.stats;
-    let m = &state.metrics;
     let ready = state.is_ready();
-    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let body = json!({
-        "status": if ready { "ok" } else { "unavailable" },
-        "uptime_ms": state.started.elapsed().as_millis() as u64,
-        "queued": e.waiting.load(Ordering::Relaxed),
-        "running": e.running.load(Ordering::Relaxed),
-        "kv_pages_total": e.kv_blocks_total.load(Ordering::Relaxed),
-        "kv_pages_free": e.kv_blocks_free.load(Ordering::Relaxed),
-        "kv_page_tokens": e.kv_block_size.load(Ordering::Relaxed),
-        "connections": l(&m.connections),
-        "steps": l(&e.steps),
-        "preemptions": l(&e.preemptions),
-        "requests_started": l(&m.requests_started),
-        "requests_ok": l(&m.requests_ok),
-        "requests_failed": l(&m.requests_client_error) + l(&m.requests_server_error),
-        "requests_cancelled": l(&m.requests_cancelled),
-        "prompt_tokens": l(&e.prompt_tokens),
-        "generated_tokens": l(&e.generated_tokens),
-        "prefix_cached_tokens": l(&e.prefix_cached_tokens),
-        "tool_calls_malformed": l(&m.tool_calls_malformed),
-        "sessions": 0,
-    });
+    let body = health_json(
+        ready,
+        state.started,
+        Some((&state.engine.stats, &state.metrics)),
+    );
     let status = if ready {
         StatusCode::OK
     } else {
@@ -134,24 +118,63 @@ async fn health(State(state): State<SharedState>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// The `/health` body: the same fields whether ready or not (zeros while loading).
+pub fn health_json(
+    ready: bool,
+    started: std::time::Instant,
+    live: Option<(
+        &vigil_engine::engine_thread::EngineStats,
+        &crate::metrics::ServerMetrics,
+    )>,
+) -> serde_json::Value {
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let u = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed) as u64;
+    let c = |f: &dyn Fn(
+        &vigil_engine::engine_thread::EngineStats,
+        &crate::metrics::ServerMetrics,
+    ) -> u64| { live.map_or(0, |(e, m)| f(e, m)) };
+    json!({
+        "status": if ready { "ok" } else { "unavailable" },
+        "uptime_ms": started.elapsed().as_millis() as u64,
+        "queued": c(&|e, _| u(&e.waiting)),
+        "running": c(&|e, _| u(&e.running)),
+        "kv_pages_total": c(&|e, _| u(&e.kv_blocks_total)),
+        "kv_pages_free": c(&|e, _| u(&e.kv_blocks_free)),
+        "kv_page_tokens": c(&|e, _| u(&e.kv_block_size)),
+        "connections": c(&|_, m| l(&m.connections)),
+        "steps": c(&|e, _| l(&e.steps)),
+        "preemptions": c(&|e, _| l(&e.preemptions)),
+        "graph_captures": 0,
+        "requests_started": c(&|_, m| l(&m.requests_started)),
+        "requests_ok": c(&|_, m| l(&m.requests_ok)),
+        "requests_failed": c(&|_, m| l(&m.requests_client_error) + l(&m.requests_server_error)),
+        "requests_cancelled": c(&|_, m| l(&m.requests_cancelled)),
+        "prompt_tokens": c(&|e, _| l(&e.prompt_tokens)),
+        "generated_tokens": c(&|e, _| l(&e.generated_tokens)),
+        "prefix_cached_tokens": c(&|e, _| l(&e.prefix_cached_tokens)),
+        "tool_calls_malformed": c(&|_, m| l(&m.tool_calls_malformed)),
+        "sessions": 0,
+    })
+}
+
 async fn metrics(State(state): State<SharedState>) -> Response {
     let text = state.metrics.render(&state.engine.stats);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
-fn model_json(state: &SharedState) -> serde_json::Value {
-    let created_at = crate::ids::rfc3339(state.created);
+/// The one model entry, in OpenAI's and Anthropic's shapes at once.
+pub fn model_json(id: &str, created: u64, max_model_len: usize) -> serde_json::Value {
     json!({
-        "id": state.model_id,
+        "id": id,
         "object": "model",
-        "created": state.created,
+        "created": created,
         "owned_by": "vigil",
-        "max_model_len": state.max_model_len,
+        "max_model_len": max_model_len,
         "type": "model",
-        "display_name": state.model_id,
-        "created_at": created_at,
-        "max_input_tokens": state.max_model_len.saturating_sub(1),
-        "max_tokens": state.max_model_len.saturating_sub(1),
+        "display_name": id,
+        "created_at": crate::ids::rfc3339(created),
+        "max_input_tokens": max_model_len.saturating_sub(1),
+        "max_tokens": max_model_len.saturating_sub(1),
         "lifecycle": "active",
         "capabilities": null,
         "deprecated_at": null,
@@ -160,25 +183,37 @@ fn model_json(state: &SharedState) -> serde_json::Value {
     })
 }
 
-async fn list_models(State(state): State<SharedState>) -> Response {
-    Json(json!({
+pub fn models_list_json(id: &str, created: u64, max_model_len: usize) -> serde_json::Value {
+    json!({
         "object": "list",
-        "data": [model_json(&state)],
+        "data": [model_json(id, created, max_model_len)],
         "has_more": false,
-        "first_id": state.model_id,
-        "last_id": state.model_id,
-    }))
+        "first_id": id,
+        "last_id": id,
+    })
+}
+
+/// `GET /v1/models/{id}`: case-insensitive match, else 404.
+pub fn model_or_404(asked: &str, id: &str, created: u64, max_model_len: usize) -> Response {
+    if asked.eq_ignore_ascii_case(id) {
+        Json(model_json(id, created, max_model_len)).into_response()
+    } else {
+        ApiError::not_found(format!(
+            "model `{asked}` not found (this server serves `{id}`)"
+        ))
+        .into_response()
+    }
+}
+
+async fn list_models(State(state): State<SharedState>) -> Response {
+    Json(models_list_json(
+        &state.model_id,
+        state.created,
+        state.max_model_len,
+    ))
     .into_response()
 }
 
 async fn get_model(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
-    if id.eq_ignore_ascii_case(&state.model_id) {
-        Json(model_json(&state)).into_response()
-    } else {
-        ApiError::not_found(format!(
-            "model `{id}` not found (this server serves `{}`)",
-            state.model_id
-        ))
-        .into_response()
-    }
+    model_or_404(&id, &state.model_id, state.created, state.max_model_len)
 }

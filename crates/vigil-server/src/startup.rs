@@ -57,10 +57,17 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
     listener.set_nonblocking(true)?;
     tracing::info!("listening on http://{addr} (loading the model)");
 
+    let sizing = plan(&opts)?;
+    let started = Instant::now();
     let (stop_loading, loading_stopped) = tokio::sync::oneshot::channel::<()>();
     let loading_listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
+    let loading_app = loading_router(Arc::new(Loading {
+        sizing: sizing.clone(),
+        started,
+        api_key: config.api_key.clone(),
+    }));
     let loading = tokio::spawn(async move {
-        axum::serve(loading_listener, loading_router())
+        axum::serve(loading_listener, loading_app)
             .with_graceful_shutdown(async {
                 let _ = loading_stopped.await;
             })
@@ -79,7 +86,7 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
             path: opts.model_path.display().to_string(),
             message: e.to_string(),
         })?;
-    let state = build_state(config.clone(), &opts, loaded)?;
+    let state = build_state(config.clone(), &opts, &sizing, started, loaded)?;
     let _ = stop_loading.send(());
     let _ = loading.await;
 
@@ -96,18 +103,23 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
     Ok(())
 }
 
-fn build_state(
-    config: ServerConfig,
-    opts: &EngineOptions,
-    loaded: LoadedModel,
-) -> Result<Arc<AppState>, ServeError> {
-    let LoadedModel {
-        model,
-        tokenizer,
-        chat_template,
-        max_position_embeddings,
-    } = loaded;
-    let c = &model.config;
+/// What the model's configuration decides before any weight is read: its id, the KV pool and
+/// `max_model_len`.
+#[derive(Debug, Clone)]
+struct Sizing {
+    model_id: String,
+    created: u64,
+    num_blocks: usize,
+    max_model_len: usize,
+}
+
+fn plan(opts: &EngineOptions) -> Result<Sizing, ServeError> {
+    let load_err = |message: String| ServeError::Load {
+        path: opts.model_path.display().to_string(),
+        message,
+    };
+    let c =
+        vigil_model::load::read_config(&opts.model_path).map_err(|e| load_err(e.to_string()))?;
     let block_bytes = c.num_layers * c.kv_dim() * opts.block_size * 2 * 2;
     let num_blocks = opts.kv_memory_bytes / block_bytes.max(1);
     if num_blocks < 2 {
@@ -119,11 +131,10 @@ fn build_state(
     let pool_tokens = num_blocks * opts.block_size;
     // Like llama.cpp's `-c`, `--ctx` may exceed the trained context (RoPE has no hard limit;
     // quality past it is the user's call), with a warning.
-    let model_ctx = opts.load.max_context.unwrap_or(max_position_embeddings);
-    if model_ctx > max_position_embeddings {
-        tracing::warn!(
-            "--ctx {model_ctx} exceeds the model's trained context ({max_position_embeddings} tokens)"
-        );
+    let trained = c.max_position_embeddings;
+    let model_ctx = opts.load.max_context.unwrap_or(trained);
+    if model_ctx > trained {
+        tracing::warn!("--ctx {model_ctx} exceeds the model's trained context ({trained} tokens)");
     }
     let max_model_len = model_ctx.min(pool_tokens);
     tracing::info!(
@@ -131,6 +142,35 @@ fn build_state(
         opts.block_size,
         (num_blocks * block_bytes) as f64 / (1 << 20) as f64
     );
+    let model_id = opts.served_model_name.clone().unwrap_or_else(|| {
+        opts.model_path
+            .file_name()
+            .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
+            .unwrap_or_else(|| "vigil".into())
+    });
+    Ok(Sizing {
+        model_id,
+        created: crate::ids::unix_now(),
+        num_blocks,
+        max_model_len,
+    })
+}
+
+fn build_state(
+    config: ServerConfig,
+    opts: &EngineOptions,
+    sizing: &Sizing,
+    started: Instant,
+    loaded: LoadedModel,
+) -> Result<Arc<AppState>, ServeError> {
+    let LoadedModel {
+        model,
+        tokenizer,
+        chat_template,
+        max_position_embeddings: _,
+    } = loaded;
+    let c = &model.config;
+    let num_blocks = sizing.num_blocks;
     let template_source = tokenizer.chat_template().map(str::to_string);
     let tool_format = template_source
         .as_deref()
@@ -153,20 +193,14 @@ fn build_state(
     };
     let engine =
         EngineHandle::spawn(move || LlmEngine::new(ModelRunner::new(model, kv), scheduler))?;
-    let model_id = opts.served_model_name.clone().unwrap_or_else(|| {
-        opts.model_path
-            .file_name()
-            .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
-            .unwrap_or_else(|| "vigil".into())
-    });
     Ok(Arc::new(AppState {
         engine,
         tokenizer: Arc::new(tokenizer),
         template: chat_template.map(Arc::new),
-        model_id,
-        max_model_len,
-        created: crate::ids::unix_now(),
-        started: Instant::now(),
+        model_id: sizing.model_id.clone(),
+        max_model_len: sizing.max_model_len,
+        created: sizing.created,
+        started,
         ready: AtomicBool::new(false),
         config,
         metrics: ServerMetrics::default(),
@@ -176,21 +210,65 @@ fn build_state(
     }))
 }
 
-fn loading_router() -> Router {
-    let health = || async {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({"status": "unavailable"})),
-        )
+struct Loading {
+    sizing: Sizing,
+    started: Instant,
+    api_key: Option<String>,
+}
+
+/// While the weights load: `/health` answers 503 with the usual fields, `/v1/models` already
+/// describes the model, everything else is 503 with `Retry-After`.
+fn loading_router(info: Arc<Loading>) -> Router {
+    use axum::extract::{Path, State};
+    use axum::http::HeaderMap;
+    type S = State<Arc<Loading>>;
+    let authorized = |info: &Loading, h: &HeaderMap| {
+        let Some(key) = &info.api_key else {
+            return true;
+        };
+        let given = h
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()));
+        given.is_some_and(|g| {
+            bool::from(subtle::ConstantTimeEq::ct_eq(g.as_bytes(), key.as_bytes()))
+        })
+    };
+    let health = |State(info): S| async move {
+        let body = crate::routes::health_json(false, info.started, None);
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+    };
+    let list = move |State(info): S, h: HeaderMap| async move {
+        if !authorized(&info, &h) {
+            return ApiError::unauthorized().into_response();
+        }
+        let z = &info.sizing;
+        axum::Json(crate::routes::models_list_json(
+            &z.model_id,
+            z.created,
+            z.max_model_len,
+        ))
+        .into_response()
+    };
+    let get = move |State(info): S, h: HeaderMap, Path(id): Path<String>| async move {
+        if !authorized(&info, &h) {
+            return ApiError::unauthorized().into_response();
+        }
+        let z = &info.sizing;
+        crate::routes::model_or_404(&id, &z.model_id, z.created, z.max_model_len)
     };
     Router::new()
         .route("/health", axum::routing::get(health))
         .route("/healthz", axum::routing::get(health))
+        .route("/v1/models", axum::routing::get(list))
+        .route("/v1/models/{id}", axum::routing::get(get))
         .fallback(|| async {
             let mut e = ApiError::overloaded("the model is still loading");
             e.retry_after = Some(2);
             e.into_response()
         })
+        .with_state(info)
 }
 
 async fn shutdown_signal() {

@@ -165,12 +165,16 @@ fn finish_reason(finish: &Finish, has_calls: bool) -> &'static str {
     }
 }
 
-fn usage_json(u: &Usage) -> Value {
+pub(crate) fn usage_json(u: &Usage) -> Value {
+    let mut details = json!({"cached_tokens": u.cached_tokens});
+    if u.cached_tokens > 0 {
+        details["prefix_cached_tokens"] = json!(u.cached_tokens);
+    }
     json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "prompt_tokens_details": details,
     })
 }
 

@@ -4,7 +4,8 @@ use super::params::{max_tokens, sampling_params, stop_strings};
 use super::types::{CompletionRequest, PromptField};
 use crate::error::{ApiError, Flavor};
 use crate::extract::parse_body;
-use crate::generate::{self, Finish, GenEvent, GenParams, TokenInfo, Usage};
+use crate::generate::{self, Finish, GenEvent, GenParams, TokenInfo};
+use crate::openai::chat::usage_json;
 use crate::sse;
 use crate::state::SharedState;
 use axum::body::Bytes;
@@ -112,15 +113,6 @@ fn finish_reason(f: &Finish) -> &'static str {
         Finish::Eos | Finish::StopString(_) => "stop",
         Finish::Length { .. } => "length",
     }
-}
-
-fn usage_json(u: &Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
 }
 
 /// The legacy completions logprobs shape.
