@@ -313,6 +313,19 @@ def test_max_tokens_gives_length(target):
     assert c.usage.completion_tokens == 5
 
 
+def test_min_tokens_bans_end_of_sequence_until_reached(smol):
+    client = make_client(smol)
+    model = client.models.list().data[0].id
+    free = client.chat.completions.create(model=model, messages=CHAT, temperature=0, max_tokens=200)
+    assert free.choices[0].finish_reason == "stop", "the reference reply must end by itself"
+    n = free.usage.completion_tokens
+    held = client.chat.completions.create(model=model, messages=CHAT, temperature=0, max_tokens=200,
+                                          extra_body={"min_tokens": n + 8})
+    assert held.usage.completion_tokens >= n + 8
+    # Until the EOS would have come, the held reply is the same text.
+    assert held.choices[0].message.content.startswith(free.choices[0].message.content.rstrip())
+
+
 # ── Tools (tiny Qwen3: the template calls tools with <tool_call>) ──────────────────────────
 
 TOOLS = [

@@ -46,6 +46,8 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// How many top log-probabilities to return with each token.
     pub logprobs: Option<u32>,
+    /// Stop tokens are banned until this many tokens have been generated (vLLM's `min_tokens`).
+    pub min_tokens: u32,
 }
 
 impl Default for SamplingParams {
@@ -61,6 +63,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             seed: None,
             logprobs: None,
+            min_tokens: 0,
         }
     }
 }

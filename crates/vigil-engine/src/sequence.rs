@@ -127,6 +127,13 @@ impl Sequence {
 
     /// Sample the next token from this sequence's logits row and append it.
     pub fn sample_and_append(&mut self, logits: &mut [f32]) -> SampleOutput {
+        if self.num_output_tokens() < self.params.min_tokens as usize {
+            for &id in &self.stop.stop_token_ids {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
         if let Some(c) = &self.constraint {
             if apply_mask(c.as_ref(), logits) == 0 {
                 self.constraint_dead_end = true;

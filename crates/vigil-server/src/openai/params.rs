@@ -78,6 +78,7 @@ pub fn sampling_params(
         logit_bias,
         seed: p.seed.map(|s| s as u64),
         logprobs,
+        min_tokens: p.min_tokens.unwrap_or(0),
     };
     params
         .validate()

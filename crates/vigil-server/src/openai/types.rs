@@ -34,6 +34,7 @@ pub struct CommonParams {
     pub stop: Option<StopField>,
     pub n: Option<u32>,
     pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -55,6 +56,7 @@ pub struct ChatCompletionRequest {
     pub stop: Option<StopField>,
     pub n: Option<u32>,
     pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<u32>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub logprobs: Option<bool>,
@@ -90,6 +92,7 @@ impl ChatCompletionRequest {
             },
             n: self.n,
             ignore_eos: self.ignore_eos,
+            min_tokens: self.min_tokens,
         }
     }
 }
@@ -198,6 +201,7 @@ pub struct CompletionRequest {
     pub stop: Option<StopField>,
     pub n: Option<u32>,
     pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<u32>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub logprobs: Option<u32>,
@@ -226,6 +230,7 @@ impl CompletionRequest {
             },
             n: self.n,
             ignore_eos: self.ignore_eos,
+            min_tokens: self.min_tokens,
         }
     }
 }
