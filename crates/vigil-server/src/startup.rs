@@ -129,13 +129,11 @@ fn plan(opts: &EngineOptions) -> Result<Sizing, ServeError> {
         });
     }
     let pool_tokens = num_blocks * opts.block_size;
-    // Like llama.cpp's `-c`, `--ctx` may exceed the trained context (RoPE has no hard limit;
-    // quality past it is the user's call), with a warning.
     let trained = c.max_position_embeddings;
-    let model_ctx = opts.load.max_context.unwrap_or(trained);
-    if model_ctx > trained {
-        tracing::warn!("--ctx {model_ctx} exceeds the model's trained context ({trained} tokens)");
-    }
+    let model_ctx = opts
+        .load
+        .max_context
+        .map_or(trained, |ctx| ctx.min(trained));
     let max_model_len = model_ctx.min(pool_tokens);
     tracing::info!(
         "KV cache: {num_blocks} blocks of {} tokens ({pool_tokens} tokens, {:.1} MiB); max_model_len {max_model_len}",

@@ -21,7 +21,7 @@ pub struct ServeArgs {
     /// Kernel worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Context length (default: the model's trained context; larger is allowed, with a warning).
+    /// Cap on the context length (default: the model's own).
     #[arg(long)]
     ctx: Option<usize>,
     /// KV cache memory, e.g. `2GiB`, `512MiB` (default: 10% of RAM, at most 2 GiB).
