@@ -4,46 +4,17 @@
 //! every completed greedy output equals the same request run alone.
 
 use std::collections::HashMap;
-use std::path::Path;
 use vigil_engine::engine::LlmEngine;
-use vigil_engine::model_runner::ModelRunner;
 use vigil_engine::sampling::SamplingParams;
 use vigil_engine::scheduler::SchedulerConfig;
 use vigil_engine::sequence::{SeqId, StopCriteria};
-use vigil_model::kv_cache::{KvCache, KvDtype};
-use vigil_model::load::LoadOptions;
-use vigil_model::loader::LoadQuantization;
 
-const BLOCK: usize = 4;
+use common::{tiny_engine, Lcg};
+
+mod common;
 
 fn engine(num_blocks: usize, config: SchedulerConfig) -> LlmEngine {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama");
-    let opts = LoadOptions {
-        threads: Some(2),
-        quantize: LoadQuantization::AsStored,
-        max_context: None,
-    };
-    let model = vigil_model::load::load(&dir, &opts).unwrap().model;
-    let kv = KvCache::new(
-        model.config.num_layers,
-        model.config.kv_dim(),
-        num_blocks,
-        BLOCK,
-        KvDtype::F32,
-    );
-    LlmEngine::new(ModelRunner::new(model, kv), config)
-}
-
-/// A tiny deterministic generator (no dependency on the sampler's RNG).
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
+    tiny_engine(num_blocks, config, 2)
 }
 
 fn greedy(max_tokens: usize) -> StopCriteria {

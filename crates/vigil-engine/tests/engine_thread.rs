@@ -3,38 +3,22 @@
 //! its tokens and one `Finished`; each greedy output equals the request run alone; dropped
 //! requests free their KV, so at the end no block is held and nothing is in flight.
 
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use vigil_engine::engine::LlmEngine;
 use vigil_engine::engine_thread::{EngineHandle, GenerateRequest, RequestEvent};
-use vigil_engine::model_runner::ModelRunner;
 use vigil_engine::sampling::SamplingParams;
 use vigil_engine::scheduler::SchedulerConfig;
 use vigil_engine::sequence::{FinishReason, StopCriteria};
-use vigil_model::kv_cache::{KvCache, KvDtype};
-use vigil_model::load::LoadOptions;
+
+mod common;
 
 fn spawn_engine(num_blocks: usize) -> EngineHandle {
     EngineHandle::spawn(move || {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama");
-        let opts = LoadOptions {
-            threads: Some(1),
-            ..LoadOptions::default()
-        };
-        let model = vigil_model::load::load(&dir, &opts).unwrap().model;
-        let kv = KvCache::new(
-            model.config.num_layers,
-            model.config.kv_dim(),
-            num_blocks,
-            4,
-            KvDtype::F32,
-        );
         let config = SchedulerConfig {
             max_batched_tokens: 32,
             ..SchedulerConfig::default()
         };
-        LlmEngine::new(ModelRunner::new(model, kv), config)
+        common::tiny_engine(num_blocks, config, 1)
     })
     .unwrap()
 }

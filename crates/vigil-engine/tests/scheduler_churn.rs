@@ -7,49 +7,27 @@
 //! model-free test pins down preemption: the victim readmits from its committed blocks.
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use vigil_engine::block_table::SharedBlockPool;
 use vigil_engine::engine::LlmEngine;
-use vigil_engine::model_runner::ModelRunner;
 use vigil_engine::sampling::SamplingParams;
 use vigil_engine::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, StepPlan};
 use vigil_engine::sequence::{Priority, SeqId, SeqStatus, Sequence, StopCriteria};
-use vigil_model::kv_cache::{KvCache, KvDtype};
-use vigil_model::load::LoadOptions;
-use vigil_model::loader::LoadQuantization;
 
-const BLOCK: usize = 4;
+use common::{tiny_engine, Lcg, BLOCK};
+
+mod common;
+
 const VOCAB: u64 = 380;
 
 fn engine(num_blocks: usize, config: SchedulerConfig) -> LlmEngine {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama");
-    let opts = LoadOptions {
-        threads: Some(2),
-        quantize: LoadQuantization::AsStored,
-        max_context: None,
-    };
-    let model = vigil_model::load::load(&dir, &opts).unwrap().model;
-    let kv = KvCache::new(
-        model.config.num_layers,
-        model.config.kv_dim(),
-        num_blocks,
-        BLOCK,
-        KvDtype::F32,
-    );
-    LlmEngine::new(ModelRunner::new(model, kv), config)
+    tiny_engine(num_blocks, config, 2)
 }
 
-/// A tiny deterministic generator (no dependency on the sampler's RNG).
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
+trait LcgTokens {
+    fn tokens(&mut self, n: usize) -> Vec<u32>;
+}
 
+impl LcgTokens for Lcg {
     fn tokens(&mut self, n: usize) -> Vec<u32> {
         (0..n).map(|_| self.next(VOCAB) as u32 + 3).collect()
     }

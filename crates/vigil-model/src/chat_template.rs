@@ -11,6 +11,8 @@
 
 mod python;
 
+pub use python::civil_from_days;
+
 use minijinja::value::{Kwargs, Rest};
 use minijinja::{Environment, Error, ErrorKind, State, Value};
 use serde_json::{Map, Value as Json};

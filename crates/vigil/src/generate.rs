@@ -61,16 +61,7 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let model_path = match &args.model {
-        Some(p) => p.clone(),
-        None => {
-            let p = crate::pull::default_model_path();
-            if !p.exists() {
-                crate::pull::pull_default(&p)?;
-            }
-            p
-        }
-    };
+    let model_path = crate::pull::model_or_default(args.model.as_deref())?;
     let opts = LoadOptions {
         threads: args.threads,
         quantize: vigil_model::load::parse_quantize(args.quantize.as_deref())?,

@@ -30,6 +30,18 @@ pub fn default_model_path() -> PathBuf {
     vigil_home().join("models").join(DEFAULT_GGUF)
 }
 
+/// `model` if given, else the default model, pulled on first use.
+pub fn model_or_default(model: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = model {
+        return Ok(p.to_path_buf());
+    }
+    let p = default_model_path();
+    if !p.exists() {
+        pull_default(&p)?;
+    }
+    Ok(p)
+}
+
 pub fn run(args: PullArgs) -> Result<PathBuf> {
     let dest = default_model_path();
     if dest.exists() && !args.force {

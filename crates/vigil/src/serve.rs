@@ -51,16 +51,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let model_path = match &args.model {
-        Some(p) => p.clone(),
-        None => {
-            let p = crate::pull::default_model_path();
-            if !p.exists() {
-                crate::pull::pull_default(&p)?;
-            }
-            p
-        }
-    };
+    let model_path = crate::pull::model_or_default(args.model.as_deref())?;
     let kv_memory_bytes = match &args.kv_memory {
         Some(s) => parse_size(s).with_context(|| format!("--kv-memory {s}"))?,
         None => default_kv_memory(),

@@ -328,7 +328,7 @@ const WEEKDAYS: [&str; 7] = [
 ];
 
 /// (year, month 1-12, day 1-31) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, usize, i64) {
+pub fn civil_from_days(days: i64) -> (i64, usize, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;

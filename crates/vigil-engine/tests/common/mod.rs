@@ -1,0 +1,44 @@
+//! What the engine tests share: a tiny real model behind an engine with a small KV pool, and a
+//! deterministic generator that does not depend on the sampler's RNG.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use vigil_engine::engine::LlmEngine;
+use vigil_engine::model_runner::ModelRunner;
+use vigil_engine::scheduler::SchedulerConfig;
+use vigil_model::kv_cache::{KvCache, KvDtype};
+use vigil_model::load::LoadOptions;
+
+/// Tokens per KV block in these tests: small, so that pools run out and blocks get shared.
+pub const BLOCK: usize = 4;
+
+/// The tiny Llama checkpoint behind an engine of `num_blocks` f32 KV blocks.
+pub fn tiny_engine(num_blocks: usize, config: SchedulerConfig, threads: usize) -> LlmEngine {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama");
+    let opts = LoadOptions {
+        threads: Some(threads),
+        ..LoadOptions::default()
+    };
+    let model = vigil_model::load::load(&dir, &opts).unwrap().model;
+    let kv = KvCache::new(
+        model.config.num_layers,
+        model.config.kv_dim(),
+        num_blocks,
+        BLOCK,
+        KvDtype::F32,
+    );
+    LlmEngine::new(ModelRunner::new(model, kv), config)
+}
+
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
