@@ -6,11 +6,12 @@
 //! epoch for a short while after each job (decode issues hundreds of small matmuls back to
 //! back, and a futex wake costs more than the work) and then park on a condvar.
 //!
-//! Tasks are split statically into `n` contiguous chunks, chunk `t` being
-//! `[t * n_tasks / n, (t + 1) * n_tasks / n)`. Chunk `t` is meant for thread `t` (the caller
-//! is thread 0), but a thread that has finished claims chunks nobody has started: on a busy
-//! machine a descheduled worker then costs nothing instead of a scheduler time slice. Which
-//! thread runs a chunk never changes what the chunk computes.
+//! Tasks are split statically into `CHUNKS_PER_THREAD * n` contiguous chunks, chunk `c` being
+//! `[c * n_tasks / chunks, (c + 1) * n_tasks / chunks)`. Thread `t` (the caller is thread 0)
+//! owns chunks `t * CHUNKS_PER_THREAD ..` and runs them in order, then claims chunks nobody
+//! has started: on a busy machine (the HTTP side shares the cores) a descheduled worker then
+//! delays a step by at most one of its chunks instead of its whole share. Which thread runs a
+//! chunk never changes what the chunk computes.
 //!
 //! A `run` issued from inside a task (nested parallelism) runs inline on the calling thread.
 //! A panic in any task is re-raised on the caller after every chunk has finished.
@@ -21,6 +22,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Chunks each thread owns per job: more lets busy threads take over a stalled one's work,
+/// at the cost of one atomic claim per chunk.
+const CHUNKS_PER_THREAD: usize = 4;
 
 /// How long an idle worker spins before parking.
 const SPIN_BEFORE_PARK: Duration = Duration::from_micros(300);
@@ -54,6 +59,7 @@ struct Shared {
     lock: Mutex<()>,
     wake: Condvar,
     num_threads: usize,
+    num_chunks: usize,
 }
 
 // SAFETY: `job` is written by the caller (holding `ThreadPool::submit`) only between jobs,
@@ -81,7 +87,9 @@ impl ThreadPool {
         let num_threads = num_threads.max(1);
         let shared = Arc::new(Shared {
             epoch: AtomicUsize::new(0),
-            claimed: (0..num_threads).map(|_| AtomicUsize::new(0)).collect(),
+            claimed: (0..num_threads * CHUNKS_PER_THREAD)
+                .map(|_| AtomicUsize::new(0))
+                .collect(),
             remaining: AtomicUsize::new(0),
             sleeping: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
@@ -93,6 +101,7 @@ impl ThreadPool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
             num_threads,
+            num_chunks: num_threads * CHUNKS_PER_THREAD,
         });
         let workers = (1..num_threads)
             .map(|t| {
@@ -119,8 +128,8 @@ impl ThreadPool {
         self.shared.num_threads
     }
 
-    /// Run `f(i)` for every `i` in `0..n_tasks`, split into one contiguous chunk per thread,
-    /// and return when all have finished. `f` may borrow from the caller's stack.
+    /// Run `f(i)` for every `i` in `0..n_tasks`, split into contiguous chunks (a few per
+    /// thread), and return when all have finished. `f` may borrow from the caller's stack.
     pub fn run<F: Fn(usize) + Sync>(&self, n_tasks: usize, f: F) {
         let nested = IN_POOL_TASK.with(|c| c.get());
         if n_tasks <= 1 || self.shared.num_threads == 1 || nested {
@@ -137,7 +146,7 @@ impl ThreadPool {
         // SAFETY: between jobs (see `Shared`).
         unsafe { *shared.job.get() = Job { task, n_tasks } };
         let epoch = shared.epoch.load(Ordering::Relaxed) + 1;
-        shared.remaining.store(shared.num_threads, Ordering::SeqCst);
+        shared.remaining.store(shared.num_chunks, Ordering::SeqCst);
         // The caller's own chunk is claimed before anyone can see the job.
         shared.claimed[0].store(epoch, Ordering::SeqCst);
         shared.epoch.store(epoch, Ordering::SeqCst);
@@ -149,7 +158,7 @@ impl ThreadPool {
         IN_POOL_TASK.with(|c| c.set(true));
         let mine = catch_unwind(AssertUnwindSafe(|| {
             run_chunk(shared, &f, n_tasks, 0);
-            claim_leftovers(shared, epoch, 0, &f, n_tasks);
+            claim_from(shared, epoch, 0, 1, &f, n_tasks);
         }));
         IN_POOL_TASK.with(|c| c.set(false));
 
@@ -186,8 +195,8 @@ fn run_chunk(shared: &Shared, f: &(dyn Fn(usize) + Sync + '_), n_tasks: usize, c
         }
     }
     let _finish = Finish(&shared.remaining);
-    let threads = shared.num_threads;
-    (c * n_tasks / threads..(c + 1) * n_tasks / threads).for_each(f);
+    let chunks = shared.num_chunks;
+    (c * n_tasks / chunks..(c + 1) * n_tasks / chunks).for_each(f);
 }
 
 fn try_claim(shared: &Shared, epoch: usize, c: usize) -> bool {
@@ -198,17 +207,20 @@ fn try_claim(shared: &Shared, epoch: usize, c: usize) -> bool {
             .is_ok()
 }
 
-/// Run every chunk of `epoch` that nobody has claimed yet, starting after `me`.
-fn claim_leftovers(
+/// Run every chunk of `epoch` that nobody has claimed yet, in order from thread `me`'s own
+/// chunk `first` (its chunks first, then everyone else's).
+fn claim_from(
     shared: &Shared,
     epoch: usize,
     me: usize,
+    first: usize,
     f: &(dyn Fn(usize) + Sync + '_),
     n_tasks: usize,
 ) {
-    let n = shared.num_threads;
-    for k in 1..n {
-        let c = (me + k) % n;
+    let n = shared.num_chunks;
+    let start = me * CHUNKS_PER_THREAD;
+    for k in first..n {
+        let c = (start + k) % n;
         if try_claim(shared, epoch, c) {
             run_chunk(shared, f, n_tasks, c);
         }
@@ -224,22 +236,16 @@ fn worker_loop(shared: &Shared, t: usize) {
             return;
         }
         seen = epoch;
-        // Our own chunk first; then any chunk nobody has started. The job is read only after
+        // Our own chunks first; then any chunk nobody has started. The job is read only after
         // a successful claim: only then is the caller known to be waiting on this epoch.
-        let own = try_claim(shared, epoch, t);
+        let first = t * CHUNKS_PER_THREAD;
         let result = catch_unwind(AssertUnwindSafe(|| {
-            // SAFETY: called only while holding a claimed chunk of `epoch` (see `Shared`).
-            let job = || unsafe { *shared.job.get() };
-            let n = shared.num_threads;
+            let n = shared.num_chunks;
             for k in 0..n {
-                let c = (t + k) % n;
-                let mine = if k == 0 {
-                    own
-                } else {
-                    try_claim(shared, epoch, c)
-                };
-                if mine {
-                    let j = job();
+                let c = (first + k) % n;
+                if try_claim(shared, epoch, c) {
+                    // SAFETY: called only while holding a claimed chunk of `epoch` (see `Shared`).
+                    let j = unsafe { *shared.job.get() };
                     // SAFETY: the caller keeps the closure alive until every chunk finished.
                     run_chunk(shared, unsafe { &*j.task }, j.n_tasks, c);
                 }

@@ -102,11 +102,12 @@ fn split_rows(pool: Option<&ThreadPool>, rows: usize, f: impl Fn(usize, usize) +
     let Some(pool) = pool else {
         return f(0, rows);
     };
-    let threads = pool.num_threads();
+    // A few parts per thread, so a thread the OS has descheduled loses only one part.
     let units = rows.div_ceil(ROW_ALIGN);
-    pool.run(threads, |t| {
-        let r0 = (t * units / threads * ROW_ALIGN).min(rows);
-        let r1 = ((t + 1) * units / threads * ROW_ALIGN).min(rows);
+    let parts = (pool.num_threads() * 4).min(units).max(1);
+    pool.run(parts, |t| {
+        let r0 = (t * units / parts * ROW_ALIGN).min(rows);
+        let r1 = ((t + 1) * units / parts * ROW_ALIGN).min(rows);
         if r0 < r1 {
             f(r0, r1);
         }
