@@ -56,7 +56,14 @@ pub fn pseudo_words(rng: &mut SplitMix64, n: usize) -> Vec<String> {
     while words.len() < n {
         let syllables = *rng.pick(&[1, 2, 2, 3]);
         let word: String = (0..syllables)
-            .map(|_| format!("{}{}{}", rng.pick(ONSETS), rng.pick(VOWELS), rng.pick(CODAS)))
+            .map(|_| {
+                format!(
+                    "{}{}{}",
+                    rng.pick(ONSETS),
+                    rng.pick(VOWELS),
+                    rng.pick(CODAS)
+                )
+            })
             .collect();
         words.insert(word);
     }
@@ -109,7 +116,9 @@ impl Composer {
                 "a prompt of {target} tokens is not longer than its {base}-token header"
             )));
         }
-        for _ in 0..1000 {
+        // A draw can end a token or two short when no word fits the remainder; such a draw is
+        // kept only once exact ones keep failing (no cheap enough words in the pool).
+        for attempt in 0..1000 {
             let (mut picked, mut tokens) = (Vec::new(), base);
             loop {
                 let fits: Vec<usize> = (0..self.words.len())
@@ -131,7 +140,8 @@ impl Composer {
                 picked.first().copied().unwrap_or(usize::MAX),
                 picked.get(1).copied().unwrap_or(usize::MAX),
             );
-            if self.used_openings.insert(opening) {
+            let exact_or_given_up = tokens == target || attempt >= 100;
+            if exact_or_given_up && self.used_openings.insert(opening) {
                 let mut text = HEADER.to_string();
                 for i in picked {
                     text.push(' ');
@@ -174,7 +184,8 @@ pub struct CalibrationCheck {
 impl CalibrationCheck {
     pub fn verify(&self) -> Result<(), BenchError> {
         let off = (f64::from(self.counted) - f64::from(self.target)).abs();
-        if off > LENGTH_TOLERANCE * f64::from(self.target) {
+        // At least one token of slack: 2% of a short prompt is less than one.
+        if off > (LENGTH_TOLERANCE * f64::from(self.target)).max(1.0) {
             return Err(BenchError::Calibration(format!(
                 "a composed {}-token prompt is {} tokens by the server on {} (predicted {})",
                 self.target, self.counted, self.endpoint, self.predicted
@@ -215,12 +226,13 @@ mod tests {
 
     #[test]
     fn never_overshoots_and_stops_when_nothing_fits() {
-        // Costs 2 and 3 only, base 1: 1 + 2k + 3m can reach every target ≥ 3, never exceed it.
+        // Costs 2 and 3 only, base 1: a greedy draw can end a token short.
         // A fresh composer per target: two words have few distinct openings.
         for target in 3..60 {
             let mut c = Composer::new(priced(&[2, 3]), u64::from(target)).unwrap();
             let p = c.compose(target, 1).unwrap();
-            assert!(p.predicted <= target && p.predicted + 1 >= target, "{p:?}");
+            // 1 + 2k + 3m reaches every target ≥ 3 exactly, and retries find it.
+            assert_eq!(p.predicted, target, "{p:?}");
         }
     }
 
@@ -232,10 +244,8 @@ mod tests {
         let pa: Vec<String> = (0..40).map(|_| a.compose(64, 2).unwrap().text).collect();
         let pb: Vec<String> = (0..40).map(|_| b.compose(64, 2).unwrap().text).collect();
         assert_eq!(pa, pb, "same seed, same prompts");
-        let openings: HashSet<Vec<&str>> = pa
-            .iter()
-            .map(|t| t.split(' ').take(3).collect())
-            .collect();
+        let openings: HashSet<Vec<&str>> =
+            pa.iter().map(|t| t.split(' ').take(3).collect()).collect();
         assert_eq!(openings.len(), 40);
     }
 
@@ -268,5 +278,12 @@ mod tests {
         assert!(check(1020).verify().is_ok());
         assert!(check(980).verify().is_ok());
         assert!(check(1021).verify().is_err());
+        let short = |counted| CalibrationCheck {
+            counted,
+            target: 32,
+            ..check(0)
+        };
+        assert!(short(31).verify().is_ok());
+        assert!(short(30).verify().is_err());
     }
 }

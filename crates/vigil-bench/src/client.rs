@@ -130,7 +130,12 @@ impl Client {
         out
     }
 
-    async fn stream_into(&self, path: &str, body: &Value, out: &mut Streamed) -> Result<(), String> {
+    async fn stream_into(
+        &self,
+        path: &str,
+        body: &Value,
+        out: &mut Streamed,
+    ) -> Result<(), String> {
         let url = format!("{}{path}", self.base);
         let resp = self
             .http
@@ -174,8 +179,8 @@ fn on_line(line: &[u8], now: Instant, out: &mut Streamed) -> Result<bool, String
     if payload == "[DONE]" {
         return Ok(true);
     }
-    let chunk: Value =
-        serde_json::from_str(payload).map_err(|e| format!("bad SSE chunk ({e}): {}", clip(payload)))?;
+    let chunk: Value = serde_json::from_str(payload)
+        .map_err(|e| format!("bad SSE chunk ({e}): {}", clip(payload)))?;
     if let Some(err) = chunk.get("error") {
         return Err(format!("error in stream: {}", clip(&err.to_string())));
     }

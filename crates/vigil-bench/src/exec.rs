@@ -68,7 +68,11 @@ impl Progress {
             self.label,
             p50("ttft_ms"),
             p50("e2e_ms"),
-            point.throughput.get("output_tok_s").copied().unwrap_or(f64::NAN),
+            point
+                .throughput
+                .get("output_tok_s")
+                .copied()
+                .unwrap_or(f64::NAN),
         );
     }
 }
@@ -94,7 +98,14 @@ pub async fn run_point(
             }
             let measured_bodies = bodies.split_off(warm_n as usize);
             let run = |bodies, warmup| {
-                closed_loop(ctx.client, bodies, max_tokens, concurrency, warmup, progress)
+                closed_loop(
+                    ctx.client,
+                    bodies,
+                    max_tokens,
+                    concurrency,
+                    warmup,
+                    progress,
+                )
             };
             let (mut samples, _) = run(bodies, true).await;
             let (measured, wall) = run(measured_bodies, false).await;
@@ -114,9 +125,8 @@ pub async fn run_point(
                 prefixes.push(composer.compose(prefix_tokens, chat_base)?.text);
             }
             let measured = prefixes.split_off(ctx.settings.warmup as usize);
-            let loops = |prefixes, warmup| {
-                agent_loops(ctx, prefixes, turns, turn_tokens, warmup, progress)
-            };
+            let loops =
+                |prefixes, warmup| agent_loops(ctx, prefixes, turns, turn_tokens, warmup, progress);
             let (mut samples, _) = loops(prefixes, true).await;
             let (m, wall) = loops(measured, false).await;
             samples.extend(m);
@@ -223,11 +233,13 @@ pub fn to_sample(
     let usage = s.usage.unwrap_or_default();
     // Without usage, a `length` finish means exactly max_tokens; else count text chunks (an
     // undercount where chunks carry several tokens, so the request reads as short).
-    let output_tokens = usage.completion_tokens.or(match s.finish_reason.as_deref() {
-        Some("length") => Some(requested),
-        _ if s.text_chunks > 0 => Some(s.text_chunks),
-        _ => None,
-    });
+    let output_tokens = usage
+        .completion_tokens
+        .or(match s.finish_reason.as_deref() {
+            Some("length") => Some(requested),
+            _ if s.text_chunks > 0 => Some(s.text_chunks),
+            _ => None,
+        });
     let first = s.first_text.or(s.first_choice);
     let error = s.error.clone().or_else(|| match output_tokens {
         _ if first.is_none() => Some("no tokens in the stream".to_string()),
@@ -293,7 +305,9 @@ pub fn summarize(
     let out_tokens = |s: &Sample| f64::from(s.output_tokens.unwrap_or(0));
     put(
         "output_tok_s",
-        ok.iter().map(|s| out_tokens(s) / (s.e2e_ms / 1e3)).collect(),
+        ok.iter()
+            .map(|s| out_tokens(s) / (s.e2e_ms / 1e3))
+            .collect(),
     );
     let mut throughput = BTreeMap::new();
     match planned.shape {
@@ -310,11 +324,17 @@ pub fn summarize(
         Shape::AgentLoop { turns, .. } => {
             put(
                 "ttft_first_turn_ms",
-                ok.iter().filter(|s| s.turn == Some(1)).filter_map(|s| s.ttft_ms).collect(),
+                ok.iter()
+                    .filter(|s| s.turn == Some(1))
+                    .filter_map(|s| s.ttft_ms)
+                    .collect(),
             );
             put(
                 "ttft_later_turns_ms",
-                ok.iter().filter(|s| s.turn > Some(1)).filter_map(|s| s.ttft_ms).collect(),
+                ok.iter()
+                    .filter(|s| s.turn > Some(1))
+                    .filter_map(|s| s.ttft_ms)
+                    .collect(),
             );
             // A loop's time: first send to last byte, over loops whose every turn succeeded.
             let mut loops: BTreeMap<u32, Vec<&Sample>> = BTreeMap::new();

@@ -53,7 +53,9 @@ pub struct RunOptions {
 /// Runs the workload against every target in turn and writes the result file; returns its path.
 pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, BenchError> {
     if targets.is_empty() {
-        return Err(BenchError::Setting("give at least one --target NAME=URL".into()));
+        return Err(BenchError::Setting(
+            "give at least one --target NAME=URL".into(),
+        ));
     }
     let points = plan(opts.workload, &opts.settings)?;
     let started_unix_s = SystemTime::now()
@@ -66,7 +68,10 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
         wait_ready(&client, opts.startup_timeout_s).await?;
         let (models, server_header) = client.get_json("/v1/models").await?;
         let first = models.pointer("/data/0");
-        let model = match (&opts.model, first.and_then(|m| m.get("id")).and_then(Value::as_str)) {
+        let model = match (
+            &opts.model,
+            first.and_then(|m| m.get("id")).and_then(Value::as_str),
+        ) {
             (Some(m), _) => m.clone(),
             (None, Some(id)) => id.to_string(),
             (None, None) => {
@@ -135,7 +140,10 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
         targets: runs,
     };
     std::fs::create_dir_all(&opts.out_dir).map_err(|e| BenchError::io(&opts.out_dir, e))?;
-    let path = free_path(&opts.out_dir, &format!("{}-{started_unix_s}", opts.workload));
+    let path = free_path(
+        &opts.out_dir,
+        &format!("{}-{started_unix_s}", opts.workload),
+    );
     file.write(&path)?;
     Ok(path)
 }
@@ -157,11 +165,16 @@ fn free_path(dir: &Path, stem: &str) -> PathBuf {
     path
 }
 
-/// Ready when `/v1/models` answers 200 (Vigil answers 503 while loading).
+/// Ready when `/health` answers 200 (Vigil: 503 while loading, though `/v1/models` already
+/// answers), or, on servers without `/health`, when `/v1/models` does.
 async fn wait_ready(client: &Client, timeout_s: u64) -> Result<(), BenchError> {
     let t0 = Instant::now();
     loop {
-        match client.get_json("/v1/models").await {
+        let probe = match client.get_json("/health").await {
+            Err(BenchError::Status { status: 404, .. }) => client.get_json("/v1/models").await,
+            other => other,
+        };
+        match probe {
             Ok(_) => return Ok(()),
             Err(e) if t0.elapsed().as_secs() >= timeout_s => {
                 return Err(BenchError::NotReady {
@@ -216,12 +229,22 @@ async fn count(client: &Client, path: &str, body: &Value) -> Result<u32, BenchEr
 }
 
 async fn count_completion(client: &Client, model: &str, prompt: &str) -> Result<u32, BenchError> {
-    count(client, "/v1/completions", &completion_body(model, prompt, 1, false)).await
+    count(
+        client,
+        "/v1/completions",
+        &completion_body(model, prompt, 1, false),
+    )
+    .await
 }
 
 async fn count_chat(client: &Client, model: &str, content: &str) -> Result<u32, BenchError> {
     let messages = [json!({"role": "user", "content": content})];
-    count(client, "/v1/chat/completions", &chat_body(model, &messages, 1, false)).await
+    count(
+        client,
+        "/v1/chat/completions",
+        &chat_body(model, &messages, 1, false),
+    )
+    .await
 }
 
 /// Prices the pool on the target (four probes in flight), then checks one composed prompt of
@@ -244,9 +267,9 @@ async fn calibrate(
         .buffered(4)
         .try_collect()
         .await?;
-    let (lo, hi) = priced.iter().fold((u32::MAX, 0), |(lo, hi), (_, c)| {
-        (lo.min(*c), hi.max(*c))
-    });
+    let (lo, hi) = priced
+        .iter()
+        .fold((u32::MAX, 0), |(lo, hi), (_, c)| (lo.min(*c), hi.max(*c)));
     let mut composer = Composer::new(priced, seed)?;
     let chat_base = match workload {
         Workload::AgentLoop => Some(count_chat(client, model, HEADER).await?),

@@ -311,7 +311,10 @@ mod tests {
             ..Settings::default()
         };
         assert!(plan(Workload::Concurrent, &bad).is_err());
-        assert_eq!("agent-loop".parse::<Workload>().unwrap(), Workload::AgentLoop);
+        assert_eq!(
+            "agent-loop".parse::<Workload>().unwrap(),
+            Workload::AgentLoop
+        );
         assert!("matrix".parse::<Workload>().is_err());
     }
 }

@@ -14,7 +14,7 @@ pub struct BenchArgs {
 #[derive(clap::Subcommand)]
 enum BenchCommand {
     /// Measure a workload on one or more OpenAI-compatible servers; writes one JSON result file.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Turn result files into a Markdown summary and a self-contained HTML page.
     Report(ReportArgs),
 }
@@ -93,7 +93,7 @@ struct ReportArgs {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     match args.command {
-        BenchCommand::Run(a) => run_workload(a),
+        BenchCommand::Run(a) => run_workload(*a),
         BenchCommand::Report(a) => {
             for path in vigil_bench::report::write_report(&a.files, &a.out)? {
                 println!("{}", path.display());

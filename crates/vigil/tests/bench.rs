@@ -51,7 +51,14 @@ fn bench(server: &Server, url: &str, out: &Path, workload: &str, sizes: &[&str])
         .arg(format!("--target=vigil={url}"))
         .arg("--out")
         .arg(out)
-        .args(["--warmup", "1", "--iterations", "2", "--startup-timeout", "120"])
+        .args([
+            "--warmup",
+            "1",
+            "--iterations",
+            "2",
+            "--startup-timeout",
+            "120",
+        ])
         .args(sizes)
         .output()
         .expect("run vigil bench");
@@ -86,8 +93,14 @@ fn check_file(file: &Value, workload: &str, labels: &[&str]) -> Vec<Value> {
     assert_eq!(t["owned_by"], "vigil");
     assert!(!t["model"].as_str().unwrap_or_default().is_empty());
     let check = &t["calibration"]["check"];
-    let (target, counted) = (num(&check["target"], "target"), num(&check["counted"], "counted"));
-    assert!((counted - target).abs() <= 0.02 * target, "calibration check {check}");
+    let (target, counted) = (
+        num(&check["target"], "target"),
+        num(&check["counted"], "counted"),
+    );
+    assert!(
+        (counted - target).abs() <= 0.02 * target,
+        "calibration check {check}"
+    );
     let points = t["points"].as_array().expect("points").clone();
     let got: Vec<&str> = points.iter().filter_map(|p| p["label"].as_str()).collect();
     assert_eq!(got, labels);
@@ -112,8 +125,14 @@ fn check_file(file: &Value, workload: &str, labels: &[&str]) -> Vec<Value> {
         }
         for (key, m) in metrics {
             let q = |k: &str| num(&m[k], &format!("{label} {key}.{k}"));
-            assert!(q("min") <= q("p50") && q("p50") <= q("p95"), "{label} {key}: {m}");
-            assert!(q("p95") <= q("p99") && q("p99") <= q("max"), "{label} {key}: {m}");
+            assert!(
+                q("min") <= q("p50") && q("p50") <= q("p95"),
+                "{label} {key}: {m}"
+            );
+            assert!(
+                q("p95") <= q("p99") && q("p99") <= q("max"),
+                "{label} {key}: {m}"
+            );
         }
         for v in p["throughput"].as_object().expect("throughput").values() {
             assert!(num(v, "throughput") > 0.0);
@@ -165,35 +184,68 @@ fn bench_every_workload_then_report() {
     let results = dir.join("results");
     let (server, url) = start_server(&dir);
 
-    let single = bench(&server, &url, &results, "single", &["--prompt-tokens=32,64", "--output-tokens=8,16"]);
-    let points = check_file(&single, "single", &["in=32 out=8", "in=32 out=16", "in=64 out=8", "in=64 out=16"]);
+    let single = bench(
+        &server,
+        &url,
+        &results,
+        "single",
+        &["--prompt-tokens=32,64", "--output-tokens=8,16"],
+    );
+    let points = check_file(
+        &single,
+        "single",
+        &["in=32 out=8", "in=32 out=16", "in=64 out=8", "in=64 out=16"],
+    );
     for p in &points {
         assert_eq!(num(&p["measured_requests"], "measured"), 2.0);
         for s in p["samples"].as_array().into_iter().flatten() {
             // The composed prompt is what the server counted, within calibration's 2%.
             let target = param(p, "prompt_tokens");
-            assert!((num(&s["prompt_tokens"], "prompt_tokens") - target).abs() <= 0.02 * target + 1.0);
-            assert_eq!(num(&s["requested_tokens"], "requested"), param(p, "max_tokens"));
+            assert!(
+                (num(&s["prompt_tokens"], "prompt_tokens") - target).abs() <= 0.02 * target + 1.0
+            );
+            assert_eq!(
+                num(&s["requested_tokens"], "requested"),
+                param(p, "max_tokens")
+            );
         }
     }
 
-    let conc = bench(&server, &url, &results, "concurrent", &[
-        "--concurrency=1,3", "--concurrent-prompt-tokens=32", "--concurrent-output-tokens=8",
-    ]);
+    let conc = bench(
+        &server,
+        &url,
+        &results,
+        "concurrent",
+        &[
+            "--concurrency=1,3",
+            "--concurrent-prompt-tokens=32",
+            "--concurrent-output-tokens=8",
+        ],
+    );
     let points = check_file(&conc, "concurrent", &["c=1", "c=3"]);
     // Closed loop: at least two requests per stream.
     assert_eq!(num(&points[1]["measured_requests"], "measured"), 6.0);
     assert!(points[1]["throughput"]["requests_per_s"].is_number());
 
-    let prefill = bench(&server, &url, &results, "prefill", &["--prefill-prompt-tokens=64,256"]);
+    let prefill = bench(
+        &server,
+        &url,
+        &results,
+        "prefill",
+        &["--prefill-prompt-tokens=64,256"],
+    );
     for p in check_file(&prefill, "prefill", &["in=64", "in=256"]) {
         assert!(num(&p["metrics"]["prompt_tok_s"]["p50"], "prompt_tok_s") > 0.0);
         assert_eq!(param(&p, "max_tokens"), 1.0);
     }
 
-    let agent = bench(&server, &url, &results, "agent-loop", &[
-        "--prefix-tokens=64", "--turns=1,3", "--turn-tokens=12",
-    ]);
+    let agent = bench(
+        &server,
+        &url,
+        &results,
+        "agent-loop",
+        &["--prefix-tokens=64", "--turns=1,3", "--turn-tokens=12"],
+    );
     let points = check_file(&agent, "agent-loop", &["P=64 T=1", "P=64 T=3"]);
     let three = &points[1];
     assert_eq!(num(&three["measured_requests"], "measured"), 6.0);
@@ -223,7 +275,11 @@ fn bench_every_workload_then_report() {
         .arg(&report)
         .output()
         .expect("run vigil bench report");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let md = std::fs::read_to_string(report.join("report.md")).expect("report.md");
     assert_eq!(md.matches("\n| point | metric |").count(), 4, "{md}");
     for w in ["single", "concurrent", "prefill", "agent-loop"] {

@@ -6,7 +6,9 @@ use crate::result::RunFile;
 use std::fmt::Write;
 use std::path::PathBuf;
 
-const COLORS: [&str; 6] = ["#2f6fb0", "#d0743c", "#4a9b5e", "#9b4a8f", "#b5a33a", "#5a5a5a"];
+const COLORS: [&str; 6] = [
+    "#2f6fb0", "#d0743c", "#4a9b5e", "#9b4a8f", "#b5a33a", "#5a5a5a",
+];
 const LABEL_W: f64 = 130.0;
 const BAR_W: f64 = 420.0;
 const BAR_H: f64 = 16.0;
@@ -126,7 +128,8 @@ fn chart(h: &mut String, t: &Table, rows: &[&Row]) {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
          viewBox=\"0 0 {width} {height}\" font-family=\"sans-serif\" font-size=\"11\">"
     );
-    let _ = writeln!(
+    let _ =
+        writeln!(
         h,
         "<text x=\"0\" y=\"14\" font-size=\"13\" font-weight=\"bold\">{} — {} p50 ({}, {})</text>",
         t.workload,
@@ -168,7 +171,11 @@ fn chart(h: &mut String, t: &Table, rows: &[&Row]) {
                     );
                 }
                 _ => {
-                    let why = if matches!(c, Cell::Excluded { .. }) { "excluded" } else { "no value" };
+                    let why = if matches!(c, Cell::Excluded { .. }) {
+                        "excluded"
+                    } else {
+                        "no value"
+                    };
                     let _ = writeln!(
                         h,
                         "<text x=\"{}\" y=\"{}\" fill=\"#a33\">{} {why}</text>",

@@ -51,10 +51,22 @@ pub fn metrics_of(workload: Workload) -> Vec<MetricSpec> {
             TTFT,
             ITL,
             E2E,
-            spec("output_tok_s", "output tok/s (per request)", "tok/s", true, false),
+            spec(
+                "output_tok_s",
+                "output tok/s (per request)",
+                "tok/s",
+                true,
+                false,
+            ),
         ],
         Workload::Concurrent => vec![
-            spec("output_tok_s", "output tok/s (all streams)", "tok/s", true, true),
+            spec(
+                "output_tok_s",
+                "output tok/s (all streams)",
+                "tok/s",
+                true,
+                true,
+            ),
             spec("requests_per_s", "requests/s", "req/s", true, true),
             TTFT,
             ITL,
@@ -67,7 +79,13 @@ pub fn metrics_of(workload: Workload) -> Vec<MetricSpec> {
         Workload::AgentLoop => vec![
             spec("loop_ms", "whole loop", "ms", false, false),
             spec("ttft_first_turn_ms", "TTFT, first turn", "ms", false, false),
-            spec("ttft_later_turns_ms", "TTFT, later turns", "ms", false, false),
+            spec(
+                "ttft_later_turns_ms",
+                "TTFT, later turns",
+                "ms",
+                false,
+                false,
+            ),
             E2E,
         ],
     }
@@ -76,8 +94,14 @@ pub fn metrics_of(workload: Workload) -> Vec<MetricSpec> {
 /// One engine's value of one metric at one point.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Cell {
-    Value { p50: f64, p95: Option<f64>, p99: Option<f64> },
-    Excluded { failed: u32 },
+    Value {
+        p50: f64,
+        p95: Option<f64>,
+        p99: Option<f64>,
+    },
+    Excluded {
+        failed: u32,
+    },
     Missing,
 }
 
@@ -88,11 +112,14 @@ impl Cell {
             return Cell::Excluded { failed: p.failed };
         }
         if m.aggregate {
-            return p.throughput.get(m.key).map_or(Cell::Missing, |&v| Cell::Value {
-                p50: v,
-                p95: None,
-                p99: None,
-            });
+            return p
+                .throughput
+                .get(m.key)
+                .map_or(Cell::Missing, |&v| Cell::Value {
+                    p50: v,
+                    p95: None,
+                    p99: None,
+                });
         }
         p.metrics.get(m.key).map_or(Cell::Missing, |s| Cell::Value {
             p50: s.p50,
@@ -202,9 +229,7 @@ pub fn tables(files: &[RunFile]) -> Vec<Table> {
                         "{} at {label}: excluded, {} failed request(s){}",
                         columns[*c].name,
                         p.failed,
-                        p.errors
-                            .first()
-                            .map_or(String::new(), |e| format!(": {e}"))
+                        p.errors.first().map_or(String::new(), |e| format!(": {e}"))
                     )
                 })
                 .collect();
