@@ -1,5 +1,6 @@
-//! The `vigil` binary: `serve`, `generate` and `pull`.
+//! The `vigil` binary: `serve`, `generate`, `pull` and `bench`.
 
+mod bench;
 mod generate;
 mod pull;
 mod serve;
@@ -21,6 +22,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct Q4_1) into the cache directory.
     Pull(pull::PullArgs),
+    /// Benchmark OpenAI-compatible servers (`run`) and report the results (`report`).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,5 +39,6 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Pull(args) => pull::run(args).map(|path| println!("{}", path.display())),
+        Command::Bench(args) => bench::run(args),
     }
 }

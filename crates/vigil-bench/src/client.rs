@@ -1,0 +1,295 @@
+//! HTTP to one target: JSON requests, and streamed requests whose SSE chunks are timestamped
+//! as they arrive.
+
+use crate::BenchError;
+use futures_util::StreamExt;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// One target server, e.g. `http://127.0.0.1:8080`.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+/// Token counts from a reply's `usage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: Option<u32>,
+    pub completion_tokens: Option<u32>,
+    /// `prompt_tokens_details.cached_tokens`: prompt tokens served from the prefix cache.
+    pub cached_tokens: Option<u32>,
+}
+
+impl Usage {
+    pub fn from_json(v: &Value) -> Usage {
+        let n = |v: Option<&Value>| v.and_then(Value::as_u64).map(|n| n as u32);
+        Usage {
+            prompt_tokens: n(v.get("prompt_tokens")),
+            completion_tokens: n(v.get("completion_tokens")),
+            cached_tokens: n(v.pointer("/prompt_tokens_details/cached_tokens")),
+        }
+    }
+}
+
+/// What one streamed request did, with arrival times of its chunks.
+#[derive(Debug, Clone)]
+pub struct Streamed {
+    pub start: Instant,
+    /// First chunk carrying text (content, reasoning or completion text).
+    pub first_text: Option<Instant>,
+    /// First chunk carrying any choice: the first token's arrival even when it decodes to no
+    /// text yet (a partial UTF-8 sequence, a special token).
+    pub first_choice: Option<Instant>,
+    pub last_text: Option<Instant>,
+    pub end: Instant,
+    pub text_chunks: u32,
+    /// Generated text (content only for chat; reasoning is not re-sent in a conversation).
+    pub text: String,
+    pub usage: Option<Usage>,
+    pub finish_reason: Option<String>,
+    pub error: Option<String>,
+}
+
+impl Client {
+    pub fn new(base: &str, timeout: Duration) -> Result<Client, BenchError> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|source| BenchError::Http {
+                url: base.to_string(),
+                source,
+            })?;
+        Ok(Client {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// GET `path`; the JSON body and the `server` header (names the engine on some servers).
+    pub async fn get_json(&self, path: &str) -> Result<(Value, Option<String>), BenchError> {
+        let url = format!("{}{path}", self.base);
+        let resp = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|source| BenchError::Http {
+                url: url.clone(),
+                source,
+            })?;
+        let server = resp
+            .headers()
+            .get(reqwest::header::SERVER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        Ok((read_json(&url, resp).await?, server))
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<Value, BenchError> {
+        let url = format!("{}{path}", self.base);
+        let resp = self
+            .http
+            .post(&url)
+            .json(body)
+            .send()
+            .await
+            .map_err(|source| BenchError::Http {
+                url: url.clone(),
+                source,
+            })?;
+        read_json(&url, resp).await
+    }
+
+    /// Sends a streamed request; never fails as a call: what went wrong is in `error`, so a
+    /// failed request is a counted sample, not an aborted run.
+    pub async fn stream(&self, path: &str, body: &Value) -> Streamed {
+        let start = Instant::now();
+        let mut out = Streamed {
+            start,
+            first_text: None,
+            first_choice: None,
+            last_text: None,
+            end: start,
+            text_chunks: 0,
+            text: String::new(),
+            usage: None,
+            finish_reason: None,
+            error: None,
+        };
+        if let Err(e) = self.stream_into(path, body, &mut out).await {
+            out.error = Some(e);
+        }
+        out.end = Instant::now();
+        out
+    }
+
+    async fn stream_into(
+        &self,
+        path: &str,
+        body: &Value,
+        out: &mut Streamed,
+    ) -> Result<(), String> {
+        let url = format!("{}{path}", self.base);
+        let resp = self
+            .http
+            .post(&url)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| format!("{e}"))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let text = resp.text().await.unwrap_or_default();
+            return Err(format!("HTTP {}: {}", status.as_u16(), clip(&text)));
+        }
+        let mut bytes = resp.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(piece) = bytes.next().await {
+            let piece = piece.map_err(|e| format!("reading the stream: {e}"))?;
+            let now = Instant::now();
+            buf.extend_from_slice(&piece);
+            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                if on_line(&line, now, out)? {
+                    return Ok(());
+                }
+            }
+        }
+        if !buf.is_empty() {
+            on_line(&buf, Instant::now(), out)?;
+        }
+        Ok(())
+    }
+}
+
+/// Handles one SSE line; `true` at `data: [DONE]`.
+fn on_line(line: &[u8], now: Instant, out: &mut Streamed) -> Result<bool, String> {
+    let line = String::from_utf8_lossy(line);
+    let Some(payload) = line.trim_end().strip_prefix("data:") else {
+        return Ok(false); // blank separators, comments, `event:` names
+    };
+    let payload = payload.trim();
+    if payload == "[DONE]" {
+        return Ok(true);
+    }
+    let chunk: Value = serde_json::from_str(payload)
+        .map_err(|e| format!("bad SSE chunk ({e}): {}", clip(payload)))?;
+    if let Some(err) = chunk.get("error") {
+        return Err(format!("error in stream: {}", clip(&err.to_string())));
+    }
+    if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
+        out.usage = Some(Usage::from_json(u));
+    }
+    for choice in chunk
+        .get("choices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        out.first_choice.get_or_insert(now);
+        let content = nonempty(choice.get("text")).or(nonempty(choice.pointer("/delta/content")));
+        let reasoning = nonempty(choice.pointer("/delta/reasoning"))
+            .or(nonempty(choice.pointer("/delta/reasoning_content")));
+        if content.is_some() || reasoning.is_some() {
+            out.first_text.get_or_insert(now);
+            out.last_text = Some(now);
+            out.text_chunks += 1;
+        }
+        if let Some(c) = content {
+            out.text.push_str(c);
+        }
+        if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+            out.finish_reason = Some(f.to_string());
+        }
+    }
+    Ok(false)
+}
+
+fn nonempty(v: Option<&Value>) -> Option<&str> {
+    v.and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+async fn read_json(url: &str, resp: reqwest::Response) -> Result<Value, BenchError> {
+    let status = resp.status();
+    let text = resp.text().await.map_err(|source| BenchError::Http {
+        url: url.to_string(),
+        source,
+    })?;
+    if !status.is_success() {
+        return Err(BenchError::Status {
+            url: url.to_string(),
+            status: status.as_u16(),
+            body: clip(&text),
+        });
+    }
+    serde_json::from_str(&text).map_err(|e| BenchError::Reply {
+        url: url.to_string(),
+        what: format!("not JSON ({e}): {}", clip(&text)),
+    })
+}
+
+fn clip(s: &str) -> String {
+    s.chars().take(300).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn empty() -> Streamed {
+        let now = Instant::now();
+        Streamed {
+            start: now,
+            first_text: None,
+            first_choice: None,
+            last_text: None,
+            end: now,
+            text_chunks: 0,
+            text: String::new(),
+            usage: None,
+            finish_reason: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn parses_chat_and_completion_chunks() {
+        let mut s = empty();
+        let t = Instant::now();
+        let lines = [
+            r#"data: {"choices":[{"delta":{"role":"assistant","content":""}}],"usage":null}"#,
+            "",
+            r#"data: {"choices":[{"delta":{"content":"Hi"}}]}"#,
+            r#"data: {"choices":[{"text":" there","finish_reason":"length"}]}"#,
+            r#"data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}"#,
+        ];
+        for l in lines {
+            assert!(!on_line(l.as_bytes(), t, &mut s).unwrap());
+        }
+        assert!(on_line(b"data: [DONE]\n", t, &mut s).unwrap());
+        assert_eq!(s.text, "Hi there");
+        assert_eq!(s.text_chunks, 2);
+        assert_eq!(s.finish_reason.as_deref(), Some("length"));
+        let u = s.usage.unwrap();
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.cached_tokens),
+            (Some(12), Some(2), Some(8))
+        );
+    }
+
+    #[test]
+    fn an_error_frame_fails_the_request() {
+        let mut s = empty();
+        let frame = br#"data: {"error":{"message":"boom","type":"server_error"}}"#;
+        assert!(on_line(frame, Instant::now(), &mut s)
+            .unwrap_err()
+            .contains("boom"));
+    }
+}

@@ -1,0 +1,449 @@
+//! Measuring one point: warm-up then measured requests (closed loop at the point's
+//! concurrency) or agent loops, turned into samples and percentile summaries.
+
+use crate::calibrate::Composer;
+use crate::client::{Client, Streamed};
+use crate::result::{Point, Sample};
+use crate::run::{chat_body, completion_body};
+use crate::stats::Summary;
+use crate::workload::{PlannedPoint, Settings, Shape};
+use crate::BenchError;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, VecDeque};
+use std::io::IsTerminal;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Failure messages kept per point (the count is always exact).
+const ERRORS_KEPT: usize = 5;
+
+pub struct Ctx<'a> {
+    pub client: &'a Client,
+    pub model: &'a str,
+    pub settings: &'a Settings,
+    pub completion_base: u32,
+    pub chat_base: Option<u32>,
+}
+
+/// The progress line on stderr: rewritten in place on a terminal, one line per phase otherwise.
+pub struct Progress {
+    label: String,
+    tty: bool,
+}
+
+impl Progress {
+    pub fn new(label: String) -> Progress {
+        Progress {
+            label,
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn phase(&self, phase: &str, total: u32) {
+        if !self.tty {
+            eprintln!("{}: {phase} ({total} requests)", self.label);
+        }
+    }
+
+    fn tick(&self, phase: &str, done: u32, total: u32, t0: Instant) {
+        if self.tty && done > 0 {
+            let eta = t0.elapsed().as_secs_f64() / f64::from(done) * f64::from(total - done);
+            eprint!(
+                "\r\x1b[2K{}: {phase} {done}/{total}, ETA {eta:.0} s",
+                self.label
+            );
+        }
+    }
+
+    fn finish(&self, point: &Point) {
+        let p50 = |k: &str| point.metrics.get(k).map_or(f64::NAN, |s| s.p50);
+        let verdict = if point.excluded {
+            format!("EXCLUDED ({} failed)", point.failed)
+        } else {
+            "ok".to_string()
+        };
+        eprintln!(
+            "{}{}: {verdict}; TTFT p50 {:.1} ms, e2e p50 {:.1} ms, {:.1} output tok/s",
+            if self.tty { "\r\x1b[2K" } else { "" },
+            self.label,
+            p50("ttft_ms"),
+            p50("e2e_ms"),
+            point
+                .throughput
+                .get("output_tok_s")
+                .copied()
+                .unwrap_or(f64::NAN),
+        );
+    }
+}
+
+pub async fn run_point(
+    ctx: &Ctx<'_>,
+    composer: &mut Composer,
+    point: &PlannedPoint,
+    progress: &Progress,
+) -> Result<Point, BenchError> {
+    let (mut samples, wall_s, warmup_requests, measured_requests) = match point.shape {
+        Shape::Requests {
+            prompt_tokens,
+            max_tokens,
+            concurrency,
+        } => {
+            let warm_n = ctx.settings.warmup;
+            let measured_n = point.measured_requests(ctx.settings.iterations);
+            let mut bodies = Vec::new();
+            for _ in 0..warm_n + measured_n {
+                let p = composer.compose(prompt_tokens, ctx.completion_base)?;
+                bodies.push(completion_body(ctx.model, &p.text, max_tokens, true));
+            }
+            let measured_bodies = bodies.split_off(warm_n as usize);
+            let run = |bodies, warmup| {
+                closed_loop(
+                    ctx.client,
+                    bodies,
+                    max_tokens,
+                    concurrency,
+                    warmup,
+                    progress,
+                )
+            };
+            let (mut samples, _) = run(bodies, true).await;
+            let (measured, wall) = run(measured_bodies, false).await;
+            samples.extend(measured);
+            (samples, wall, warm_n, measured_n)
+        }
+        Shape::AgentLoop {
+            prefix_tokens,
+            turns,
+            turn_tokens,
+        } => {
+            let chat_base = ctx.chat_base.ok_or_else(|| {
+                BenchError::Calibration("agent loop without chat calibration".into())
+            })?;
+            let mut prefixes = Vec::new();
+            for _ in 0..ctx.settings.warmup + ctx.settings.iterations {
+                prefixes.push(composer.compose(prefix_tokens, chat_base)?.text);
+            }
+            let measured = prefixes.split_off(ctx.settings.warmup as usize);
+            let loops =
+                |prefixes, warmup| agent_loops(ctx, prefixes, turns, turn_tokens, warmup, progress);
+            let (mut samples, _) = loops(prefixes, true).await;
+            let (m, wall) = loops(measured, false).await;
+            samples.extend(m);
+            let per_loop = turns;
+            (
+                samples,
+                wall,
+                ctx.settings.warmup * per_loop,
+                ctx.settings.iterations * per_loop,
+            )
+        }
+    };
+    // Warm-up first, then in send order.
+    samples.sort_by(|a, b| {
+        b.warmup
+            .cmp(&a.warmup)
+            .then(a.start_ms.total_cmp(&b.start_ms))
+    });
+    let point = summarize(point, samples, wall_s, warmup_requests, measured_requests);
+    progress.finish(&point);
+    Ok(point)
+}
+
+/// `concurrency` workers each send the next body as soon as their last request ended.
+async fn closed_loop(
+    client: &Client,
+    bodies: Vec<Value>,
+    requested: u32,
+    concurrency: u32,
+    warmup: bool,
+    progress: &Progress,
+) -> (Vec<Sample>, f64) {
+    let total = bodies.len() as u32;
+    let phase = if warmup { "warm-up" } else { "measured" };
+    progress.phase(phase, total);
+    let queue = Mutex::new(bodies.into_iter().enumerate().collect::<VecDeque<_>>());
+    let samples = Mutex::new(Vec::new());
+    let t0 = Instant::now();
+    let (queue, samples_ref) = (&queue, &samples);
+    let worker = || async move {
+        loop {
+            let next = queue.lock().map(|mut q| q.pop_front()).ok().flatten();
+            let Some((i, body)) = next else { break };
+            let s = client.stream("/v1/completions", &body).await;
+            let sample = to_sample(&s, t0, i as u32, None, requested, warmup);
+            if let Ok(mut v) = samples_ref.lock() {
+                v.push(sample);
+                progress.tick(phase, v.len() as u32, total, t0);
+            }
+        }
+    };
+    let workers = (0..concurrency.min(total).max(1)).map(|_| worker());
+    futures_util::future::join_all(workers).await;
+    let wall = t0.elapsed().as_secs_f64();
+    (samples.into_inner().unwrap_or_default(), wall)
+}
+
+/// One conversation per prefix: `turns` chat requests, each re-sending the whole conversation
+/// with the model's replies and a short user message appended. A failed turn ends its loop.
+async fn agent_loops(
+    ctx: &Ctx<'_>,
+    prefixes: Vec<String>,
+    turns: u32,
+    turn_tokens: u32,
+    warmup: bool,
+    progress: &Progress,
+) -> (Vec<Sample>, f64) {
+    let phase = if warmup { "warm-up" } else { "measured" };
+    let total = prefixes.len() as u32 * turns;
+    progress.phase(phase, total);
+    let t0 = Instant::now();
+    let mut samples = Vec::new();
+    for (i, prefix) in prefixes.into_iter().enumerate() {
+        let mut messages = vec![json!({"role": "user", "content": prefix})];
+        for turn in 1..=turns {
+            let body = chat_body(ctx.model, &messages, turn_tokens, true);
+            let s = ctx.client.stream("/v1/chat/completions", &body).await;
+            let sample = to_sample(&s, t0, i as u32, Some(turn), turn_tokens, warmup);
+            let failed = sample.error.is_some();
+            samples.push(sample);
+            progress.tick(phase, samples.len() as u32, total, t0);
+            if failed {
+                break;
+            }
+            messages.push(json!({"role": "assistant", "content": s.text}));
+            messages.push(json!({"role": "user", "content": format!("Turn {}: go on.", turn + 1)}));
+        }
+    }
+    (samples, t0.elapsed().as_secs_f64())
+}
+
+fn ms(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64() * 1e3
+}
+
+pub fn to_sample(
+    s: &Streamed,
+    t0: Instant,
+    iteration: u32,
+    turn: Option<u32>,
+    requested: u32,
+    warmup: bool,
+) -> Sample {
+    let usage = s.usage.unwrap_or_default();
+    // Without usage, a `length` finish means exactly max_tokens; else count text chunks (an
+    // undercount where chunks carry several tokens, so the request reads as short).
+    let output_tokens = usage
+        .completion_tokens
+        .or(match s.finish_reason.as_deref() {
+            Some("length") => Some(requested),
+            _ if s.text_chunks > 0 => Some(s.text_chunks),
+            _ => None,
+        });
+    let first = s.first_text.or(s.first_choice);
+    let error = s.error.clone().or_else(|| match output_tokens {
+        _ if first.is_none() => Some("no tokens in the stream".to_string()),
+        Some(n) if n == requested => None,
+        n => Some(format!(
+            "generated {} of {requested} tokens (finish_reason {:?})",
+            n.map_or("?".to_string(), |n| n.to_string()),
+            s.finish_reason
+        )),
+    });
+    let itl_ms = match (s.first_text, s.last_text, output_tokens) {
+        (Some(a), Some(b), Some(n)) if n > 1 && b > a => Some(ms(a, b) / f64::from(n - 1)),
+        _ => None,
+    };
+    Sample {
+        warmup,
+        iteration,
+        turn,
+        start_ms: ms(t0, s.start),
+        ttft_ms: first.map(|f| ms(s.start, f)),
+        e2e_ms: ms(s.start, s.end),
+        itl_ms,
+        requested_tokens: requested,
+        prompt_tokens: usage.prompt_tokens,
+        cached_tokens: usage.cached_tokens,
+        output_tokens,
+        text_chunks: s.text_chunks,
+        finish_reason: s.finish_reason.clone(),
+        error,
+    }
+}
+
+/// Percentiles over the measured, successful samples; counts over all of them.
+pub fn summarize(
+    planned: &PlannedPoint,
+    samples: Vec<Sample>,
+    wall_s: f64,
+    warmup_requests: u32,
+    measured_requests: u32,
+) -> Point {
+    let failed: Vec<&Sample> = samples.iter().filter(|s| s.error.is_some()).collect();
+    let errors = failed
+        .iter()
+        .take(ERRORS_KEPT)
+        .filter_map(|s| s.error.clone())
+        .collect();
+    // Requests an agent loop never sent (after a failed turn) are failures too.
+    let missing = (warmup_requests + measured_requests).saturating_sub(samples.len() as u32);
+    let failed_n = failed.len() as u32 + missing;
+    let ok: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| !s.warmup && s.error.is_none())
+        .collect();
+    let mut metrics = BTreeMap::new();
+    let mut put = |name: &str, values: Vec<f64>| {
+        if let Some(s) = Summary::of(values) {
+            metrics.insert(name.to_string(), s);
+        }
+    };
+    put("ttft_ms", ok.iter().filter_map(|s| s.ttft_ms).collect());
+    put("itl_ms", ok.iter().filter_map(|s| s.itl_ms).collect());
+    put("e2e_ms", ok.iter().map(|s| s.e2e_ms).collect());
+    let out_tokens = |s: &Sample| f64::from(s.output_tokens.unwrap_or(0));
+    put(
+        "output_tok_s",
+        ok.iter()
+            .map(|s| out_tokens(s) / (s.e2e_ms / 1e3))
+            .collect(),
+    );
+    let mut throughput = BTreeMap::new();
+    match planned.shape {
+        Shape::Requests { max_tokens, .. } => {
+            if max_tokens == 1 {
+                put(
+                    "prompt_tok_s",
+                    ok.iter()
+                        .filter_map(|s| Some(f64::from(s.prompt_tokens?) / (s.ttft_ms? / 1e3)))
+                        .collect(),
+                );
+            }
+        }
+        Shape::AgentLoop { turns, .. } => {
+            put(
+                "ttft_first_turn_ms",
+                ok.iter()
+                    .filter(|s| s.turn == Some(1))
+                    .filter_map(|s| s.ttft_ms)
+                    .collect(),
+            );
+            put(
+                "ttft_later_turns_ms",
+                ok.iter()
+                    .filter(|s| s.turn > Some(1))
+                    .filter_map(|s| s.ttft_ms)
+                    .collect(),
+            );
+            // A loop's time: first send to last byte, over loops whose every turn succeeded.
+            let mut loops: BTreeMap<u32, Vec<&Sample>> = BTreeMap::new();
+            for s in &ok {
+                loops.entry(s.iteration).or_default().push(s);
+            }
+            put(
+                "loop_ms",
+                loops
+                    .values()
+                    .filter(|v| v.len() as u32 == turns)
+                    .map(|v| {
+                        let start = v.iter().map(|s| s.start_ms).fold(f64::INFINITY, f64::min);
+                        let end = v.iter().map(|s| s.start_ms + s.e2e_ms).fold(0.0, f64::max);
+                        end - start
+                    })
+                    .collect(),
+            );
+        }
+    }
+    if wall_s > 0.0 {
+        let total: f64 = ok.iter().map(|s| out_tokens(s)).sum();
+        throughput.insert("output_tok_s".to_string(), total / wall_s);
+        throughput.insert("requests_per_s".to_string(), ok.len() as f64 / wall_s);
+    }
+    Point {
+        label: planned.label.clone(),
+        params: planned.params(),
+        warmup_requests,
+        measured_requests,
+        failed: failed_n,
+        excluded: failed_n > 0,
+        errors,
+        wall_s,
+        throughput,
+        metrics,
+        samples,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Usage;
+    use std::time::Duration;
+
+    fn streamed(tokens: u32, ttft_ms: u64, itl_ms: u64) -> Streamed {
+        let start = Instant::now();
+        let first = start + Duration::from_millis(ttft_ms);
+        let last = first + Duration::from_millis(itl_ms * u64::from(tokens - 1));
+        Streamed {
+            start,
+            first_text: Some(first),
+            first_choice: Some(first),
+            last_text: Some(last),
+            end: last + Duration::from_millis(1),
+            text_chunks: tokens,
+            text: "x".repeat(tokens as usize),
+            usage: Some(Usage {
+                prompt_tokens: Some(100),
+                completion_tokens: Some(tokens),
+                cached_tokens: None,
+            }),
+            finish_reason: Some("length".into()),
+            error: None,
+        }
+    }
+
+    fn planned(concurrency: u32) -> PlannedPoint {
+        PlannedPoint {
+            label: "p".into(),
+            shape: Shape::Requests {
+                prompt_tokens: 100,
+                max_tokens: 5,
+                concurrency,
+            },
+        }
+    }
+
+    #[test]
+    fn samples_time_the_first_token_and_the_gaps() {
+        let s = streamed(5, 40, 10);
+        let x = to_sample(&s, s.start, 0, None, 5, false);
+        assert!((x.ttft_ms.unwrap() - 40.0).abs() < 1e-6);
+        assert!((x.itl_ms.unwrap() - 10.0).abs() < 1e-6);
+        assert!((x.e2e_ms - 81.0).abs() < 1e-6);
+        assert_eq!(x.error, None);
+        // Fewer tokens than asked is a failure, never a short sample.
+        let short = to_sample(&streamed(3, 40, 10), s.start, 0, None, 5, false);
+        assert!(short.error.unwrap().contains("generated 3 of 5"));
+    }
+
+    #[test]
+    fn a_failure_excludes_the_point_and_warmup_is_not_measured() {
+        let t0 = Instant::now();
+        let mut samples = vec![to_sample(&streamed(5, 900, 10), t0, 0, None, 5, true)];
+        for ttft in [10, 20, 30] {
+            samples.push(to_sample(&streamed(5, ttft, 10), t0, 0, None, 5, false));
+        }
+        let p = summarize(&planned(1), samples.clone(), 1.0, 1, 3);
+        assert!(!p.excluded);
+        let ttft = p.metrics["ttft_ms"];
+        assert_eq!(ttft.n, 3);
+        assert!((ttft.p50 - 20.0).abs() < 1e-6 && ttft.max < 100.0);
+        assert!((p.throughput["output_tok_s"] - 15.0).abs() < 1e-9);
+        samples.push(to_sample(&streamed(2, 10, 10), t0, 0, None, 5, false));
+        let p = summarize(&planned(1), samples, 1.0, 1, 4);
+        assert!(p.excluded);
+        assert_eq!(p.failed, 1);
+        assert_eq!(p.metrics["ttft_ms"].n, 3);
+    }
+}

@@ -1,0 +1,19 @@
+//! `vigil bench`: drives OpenAI-compatible HTTP servers (Vigil, llama.cpp's, vLLM, SGLang) with
+//! fixed workloads, writes one JSON result file per run with every raw sample, and turns result
+//! files into a Markdown and HTML report. The `vigil` binary is the command line over this crate.
+
+pub mod calibrate;
+pub mod client;
+mod error;
+mod exec;
+pub mod hardware;
+pub mod report;
+pub mod result;
+pub mod run;
+pub mod stats;
+pub mod workload;
+
+pub use error::BenchError;
+pub use result::RunFile;
+pub use run::{run, RunOptions, Target};
+pub use workload::{Settings, Workload};

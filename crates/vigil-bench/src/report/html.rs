@@ -1,0 +1,207 @@
+//! The HTML report: one self-contained page (inline CSS, inline SVG bar charts, no scripts),
+//! written as well-formed XHTML so any XML parser can check it.
+
+use super::{fmt_num, Cell, Row, Table};
+use crate::result::RunFile;
+use std::fmt::Write;
+use std::path::PathBuf;
+
+const COLORS: [&str; 6] = [
+    "#2f6fb0", "#d0743c", "#4a9b5e", "#9b4a8f", "#b5a33a", "#5a5a5a",
+];
+const LABEL_W: f64 = 130.0;
+const BAR_W: f64 = 420.0;
+const BAR_H: f64 = 16.0;
+const GROUP_GAP: f64 = 12.0;
+
+pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String {
+    let mut h = String::from(
+        "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n\
+         <meta charset=\"utf-8\"/>\n<title>Benchmark report</title>\n<style>\n\
+         body{font-family:system-ui,sans-serif;margin:2em;max-width:80em;color:#222}\n\
+         table{border-collapse:collapse;margin:1em 0}\n\
+         td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right;vertical-align:top}\n\
+         th{background:#f3f3f3}td.l{text-align:left}\n\
+         .p50{font-size:1.15em;font-weight:600}.tail{font-size:.8em;color:#666}\n\
+         .best{background:#e6f4e6}.excl{color:#a33}\n\
+         svg{display:block;margin:.5em 0 1.5em 0}\n</style>\n</head>\n<body>\n\
+         <h1>Benchmark report</h1>\n<p>p50 large, p95 · p99 beneath; ★ marks the best value of \
+         each row; the ratio compares the best with the runner-up and names both values. Points \
+         with any failed request are excluded and never ranked or charted.</p>\n",
+    );
+    h.push_str("<h2>Runs</h2>\n<table>\n<tr><th>file</th><th>workload</th><th>hardware</th><th>targets</th></tr>\n");
+    for (f, path) in files.iter().zip(inputs) {
+        let targets: Vec<String> = f
+            .targets
+            .iter()
+            .map(|t| format!("{} = {} at {}", t.name, t.model, t.url))
+            .collect();
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{} ({} cores)</td><td class=\"l\">{}</td></tr>",
+            esc(&path.display().to_string()),
+            f.workload,
+            esc(f.hardware.cpu_model.as_deref().unwrap_or("unknown CPU")),
+            f.hardware.cores,
+            esc(&targets.join("; "))
+        );
+    }
+    h.push_str("</table>\n");
+    for t in tables {
+        let _ = writeln!(h, "<h2>{}</h2>", t.workload);
+        table(&mut h, t);
+        for n in &t.notes {
+            let _ = writeln!(h, "<p class=\"excl\">{}</p>", esc(n));
+        }
+        for m in super::metrics_of(t.workload) {
+            let rows: Vec<&Row> = t.rows.iter().filter(|r| r.metric.key == m.key).collect();
+            chart(&mut h, t, &rows);
+        }
+    }
+    h.push_str("</body>\n</html>\n");
+    h
+}
+
+fn table(h: &mut String, t: &Table) {
+    h.push_str("<table>\n<tr><th>point</th><th>metric</th>");
+    for c in &t.columns {
+        let _ = write!(h, "<th>{}</th>", esc(&c.heading()));
+    }
+    h.push_str("<th>best vs runner-up</th></tr>\n");
+    for r in &t.rows {
+        let _ = write!(
+            h,
+            "<tr><td class=\"l\">{}</td><td class=\"l\">{} ({})</td>",
+            esc(&r.point),
+            esc(r.metric.title),
+            esc(r.metric.unit)
+        );
+        for (i, c) in r.cells.iter().enumerate() {
+            let best = r.best == Some(i);
+            let class = if best { " class=\"best\"" } else { "" };
+            let star = if best { " ★" } else { "" };
+            let body = match c {
+                Cell::Value { p50, p95, p99 } => {
+                    let mut s = format!("<span class=\"p50\">{}{star}</span>", fmt_num(*p50));
+                    if let (Some(a), Some(b)) = (p95, p99) {
+                        let _ = write!(
+                            s,
+                            "<br/><span class=\"tail\">p95 {} · p99 {}</span>",
+                            fmt_num(*a),
+                            fmt_num(*b)
+                        );
+                    }
+                    s
+                }
+                Cell::Excluded { failed } => {
+                    format!("<span class=\"excl\">excluded ({failed} failed)</span>")
+                }
+                Cell::Missing => "–".to_string(),
+            };
+            let _ = write!(h, "<td{class}>{body}</td>");
+        }
+        let _ = writeln!(
+            h,
+            "<td class=\"l\">{}</td></tr>",
+            esc(r.ratio.as_deref().unwrap_or("–"))
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+/// Horizontal grouped bars of p50: a group per point, a bar per engine; excluded and missing
+/// values get no bar.
+fn chart(h: &mut String, t: &Table, rows: &[&Row]) {
+    let Some(first) = rows.first() else { return };
+    let m = first.metric;
+    let max = rows
+        .iter()
+        .flat_map(|r| r.cells.iter().filter_map(Cell::p50))
+        .fold(0.0_f64, f64::max);
+    let n = t.columns.len() as f64;
+    let group_h = n * BAR_H + GROUP_GAP;
+    let legend_h = 20.0;
+    let height = 30.0 + legend_h + group_h * rows.len() as f64;
+    let width = LABEL_W + BAR_W + 110.0;
+    let _ = writeln!(
+        h,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         viewBox=\"0 0 {width} {height}\" font-family=\"sans-serif\" font-size=\"11\">"
+    );
+    let _ =
+        writeln!(
+        h,
+        "<text x=\"0\" y=\"14\" font-size=\"13\" font-weight=\"bold\">{} — {} p50 ({}, {})</text>",
+        t.workload,
+        esc(m.title),
+        esc(m.unit),
+        if m.higher_is_better { "higher is better" } else { "lower is better" }
+    );
+    for (i, c) in t.columns.iter().enumerate() {
+        let x = LABEL_W + i as f64 * 150.0;
+        let _ = writeln!(
+            h,
+            "<rect x=\"{x}\" y=\"22\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" y=\"31\">{}</text>",
+            COLORS[i % COLORS.len()],
+            x + 14.0,
+            esc(&c.name)
+        );
+    }
+    for (g, r) in rows.iter().enumerate() {
+        let y0 = 30.0 + legend_h + g as f64 * group_h;
+        let _ = writeln!(
+            h,
+            "<text x=\"0\" y=\"{}\">{}</text>",
+            y0 + n * BAR_H / 2.0 + 4.0,
+            esc(&r.point)
+        );
+        for (i, c) in r.cells.iter().enumerate() {
+            let y = y0 + i as f64 * BAR_H;
+            match c.p50() {
+                Some(v) if max > 0.0 => {
+                    let w = (v / max * BAR_W).max(1.0);
+                    let _ = writeln!(
+                        h,
+                        "<rect x=\"{LABEL_W}\" y=\"{y}\" width=\"{w:.1}\" height=\"{}\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{}\">{}</text>",
+                        BAR_H - 2.0,
+                        COLORS[i % COLORS.len()],
+                        LABEL_W + w + 4.0,
+                        y + BAR_H - 5.0,
+                        fmt_num(v)
+                    );
+                }
+                _ => {
+                    let why = if matches!(c, Cell::Excluded { .. }) {
+                        "excluded"
+                    } else {
+                        "no value"
+                    };
+                    let _ = writeln!(
+                        h,
+                        "<text x=\"{}\" y=\"{}\" fill=\"#a33\">{} {why}</text>",
+                        LABEL_W + 4.0,
+                        y + BAR_H - 5.0,
+                        esc(&t.columns[i].name)
+                    );
+                }
+            }
+        }
+    }
+    h.push_str("</svg>\n");
+}
+
+/// XML text escaping (also safe in attributes).
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}

@@ -1,0 +1,349 @@
+//! `vigil bench report`: result files → `report.md` and a self-contained `report.html`.
+//!
+//! One table per workload, engines side by side: p50 large, p95/p99 beneath, the best value of
+//! each row marked whichever engine produced it, and a ratio naming both values it came from.
+//! Excluded points (any failed request) are shown as such and never ranked or charted.
+
+mod html;
+mod markdown;
+
+use crate::result::{Point, RunFile};
+use crate::workload::Workload;
+use crate::BenchError;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// How one metric reads in a report.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricSpec {
+    pub key: &'static str,
+    pub title: &'static str,
+    pub unit: &'static str,
+    pub higher_is_better: bool,
+    /// From `Point::throughput` (one aggregate) rather than `Point::metrics` (percentiles).
+    pub aggregate: bool,
+}
+
+const fn spec(
+    key: &'static str,
+    title: &'static str,
+    unit: &'static str,
+    higher_is_better: bool,
+    aggregate: bool,
+) -> MetricSpec {
+    MetricSpec {
+        key,
+        title,
+        unit,
+        higher_is_better,
+        aggregate,
+    }
+}
+
+const TTFT: MetricSpec = spec("ttft_ms", "TTFT", "ms", false, false);
+const ITL: MetricSpec = spec("itl_ms", "ms per output token", "ms", false, false);
+const E2E: MetricSpec = spec("e2e_ms", "end to end", "ms", false, false);
+
+/// The metrics each workload's table shows, in order.
+pub fn metrics_of(workload: Workload) -> Vec<MetricSpec> {
+    match workload {
+        Workload::Single => vec![
+            TTFT,
+            ITL,
+            E2E,
+            spec(
+                "output_tok_s",
+                "output tok/s (per request)",
+                "tok/s",
+                true,
+                false,
+            ),
+        ],
+        Workload::Concurrent => vec![
+            spec(
+                "output_tok_s",
+                "output tok/s (all streams)",
+                "tok/s",
+                true,
+                true,
+            ),
+            spec("requests_per_s", "requests/s", "req/s", true, true),
+            TTFT,
+            ITL,
+            E2E,
+        ],
+        Workload::Prefill => vec![
+            spec("prompt_tok_s", "prompt tok/s", "tok/s", true, false),
+            TTFT,
+        ],
+        Workload::AgentLoop => vec![
+            spec("loop_ms", "whole loop", "ms", false, false),
+            spec("ttft_first_turn_ms", "TTFT, first turn", "ms", false, false),
+            spec(
+                "ttft_later_turns_ms",
+                "TTFT, later turns",
+                "ms",
+                false,
+                false,
+            ),
+            E2E,
+        ],
+    }
+}
+
+/// One engine's value of one metric at one point.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cell {
+    Value {
+        p50: f64,
+        p95: Option<f64>,
+        p99: Option<f64>,
+    },
+    Excluded {
+        failed: u32,
+    },
+    Missing,
+}
+
+impl Cell {
+    fn of(point: Option<&Point>, m: &MetricSpec) -> Cell {
+        let Some(p) = point else { return Cell::Missing };
+        if p.excluded {
+            return Cell::Excluded { failed: p.failed };
+        }
+        if m.aggregate {
+            return p
+                .throughput
+                .get(m.key)
+                .map_or(Cell::Missing, |&v| Cell::Value {
+                    p50: v,
+                    p95: None,
+                    p99: None,
+                });
+        }
+        p.metrics.get(m.key).map_or(Cell::Missing, |s| Cell::Value {
+            p50: s.p50,
+            p95: Some(s.p95),
+            p99: Some(s.p99),
+        })
+    }
+
+    pub fn p50(&self) -> Option<f64> {
+        match self {
+            Cell::Value { p50, .. } if p50.is_finite() => Some(*p50),
+            _ => None,
+        }
+    }
+}
+
+/// One column: a target of some run (name and model, never merged across models).
+#[derive(Debug, Clone)]
+pub struct Column {
+    pub name: String,
+    pub model: String,
+    pub engine: Option<String>,
+}
+
+impl Column {
+    pub fn heading(&self) -> String {
+        format!("{} ({})", self.name, self.model)
+    }
+}
+
+/// A row: one metric at one point, a cell per column, the best column and the ratio.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub point: String,
+    pub metric: MetricSpec,
+    pub cells: Vec<Cell>,
+    pub best: Option<usize>,
+    /// "A ×1.85 vs B (12.3 vs 22.8 ms)": the best against the runner-up.
+    pub ratio: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Table {
+    pub workload: Workload,
+    pub columns: Vec<Column>,
+    pub points: Vec<String>,
+    pub rows: Vec<Row>,
+    /// Excluded points with their first error, per column.
+    pub notes: Vec<String>,
+}
+
+/// Result files grouped into one table per workload (later files override earlier ones for the
+/// same target name, model and point).
+pub fn tables(files: &[RunFile]) -> Vec<Table> {
+    // Per workload: columns, point labels in first-seen order, and (column, label) → point.
+    type Gathered = (Vec<Column>, Vec<String>, BTreeMap<(usize, String), Point>);
+    let mut by_workload: BTreeMap<Workload, Gathered> = BTreeMap::new();
+    for f in files {
+        let (columns, points, data) = by_workload.entry(f.workload).or_default();
+        for t in &f.targets {
+            let col = match columns
+                .iter()
+                .position(|c| c.name == t.name && c.model == t.model)
+            {
+                Some(i) => i,
+                None => {
+                    columns.push(Column {
+                        name: t.name.clone(),
+                        model: t.model.clone(),
+                        engine: t.owned_by.clone(),
+                    });
+                    columns.len() - 1
+                }
+            };
+            for p in &t.points {
+                if !points.contains(&p.label) {
+                    points.push(p.label.clone());
+                }
+                data.insert((col, p.label.clone()), p.clone());
+            }
+        }
+    }
+    by_workload
+        .into_iter()
+        .map(|(workload, (columns, points, data))| {
+            let mut rows = Vec::new();
+            for point in &points {
+                for m in metrics_of(workload) {
+                    let cells: Vec<Cell> = (0..columns.len())
+                        .map(|c| Cell::of(data.get(&(c, point.clone())), &m))
+                        .collect();
+                    let (best, ratio) = rank(&columns, &cells, &m);
+                    rows.push(Row {
+                        point: point.clone(),
+                        metric: m,
+                        cells,
+                        best,
+                        ratio,
+                    });
+                }
+            }
+            let notes = data
+                .iter()
+                .filter(|(_, p)| p.excluded)
+                .map(|((c, label), p)| {
+                    format!(
+                        "{} at {label}: excluded, {} failed request(s){}",
+                        columns[*c].name,
+                        p.failed,
+                        p.errors.first().map_or(String::new(), |e| format!(": {e}"))
+                    )
+                })
+                .collect();
+            Table {
+                workload,
+                columns,
+                points,
+                rows,
+                notes,
+            }
+        })
+        .collect()
+}
+
+/// The best column, and the ratio of the best to the runner-up naming both values.
+fn rank(columns: &[Column], cells: &[Cell], m: &MetricSpec) -> (Option<usize>, Option<String>) {
+    let mut valid: Vec<(usize, f64)> = cells
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| Some((i, c.p50()?)))
+        .collect();
+    valid.sort_by(|a, b| {
+        if m.higher_is_better {
+            b.1.total_cmp(&a.1)
+        } else {
+            a.1.total_cmp(&b.1)
+        }
+    });
+    let best = valid.first().map(|&(i, _)| i);
+    let ratio = match valid.as_slice() {
+        [(b, bv), (r, rv), ..] if *bv > 0.0 && *rv > 0.0 => {
+            let x = if m.higher_is_better { bv / rv } else { rv / bv };
+            Some(format!(
+                "{} ×{x:.2} vs {} ({} vs {} {})",
+                columns[*b].name,
+                columns[*r].name,
+                fmt_num(*bv),
+                fmt_num(*rv),
+                m.unit
+            ))
+        }
+        _ => None,
+    };
+    (best, ratio)
+}
+
+/// Three significant figures or at least one decimal: 0.123, 12.3, 1234.5.
+pub fn fmt_num(v: f64) -> String {
+    if !v.is_finite() {
+        return "–".to_string();
+    }
+    let a = v.abs();
+    if a >= 100.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// Reads the result files and writes `report.md` and `report.html` into `out_dir`.
+pub fn write_report(inputs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
+    if inputs.is_empty() {
+        return Err(BenchError::Setting("no result files given".into()));
+    }
+    let files = inputs
+        .iter()
+        .map(|p| RunFile::read(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tables = tables(&files);
+    std::fs::create_dir_all(out_dir).map_err(|e| BenchError::io(out_dir, e))?;
+    let md_path = out_dir.join("report.md");
+    let html_path = out_dir.join("report.html");
+    std::fs::write(&md_path, markdown::render(&files, &tables, inputs))
+        .map_err(|e| BenchError::io(&md_path, e))?;
+    std::fs::write(&html_path, html::render(&files, &tables, inputs))
+        .map_err(|e| BenchError::io(&html_path, e))?;
+    Ok(vec![md_path, html_path])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn col(name: &str) -> Column {
+        Column {
+            name: name.into(),
+            model: "m".into(),
+            engine: None,
+        }
+    }
+
+    fn v(p50: f64) -> Cell {
+        Cell::Value {
+            p50,
+            p95: Some(p50 + 1.0),
+            p99: Some(p50 + 2.0),
+        }
+    }
+
+    #[test]
+    fn ranks_by_direction_and_names_both_values() {
+        let cols = [col("a"), col("b"), col("c")];
+        let cells = [v(20.0), v(10.0), Cell::Excluded { failed: 1 }];
+        let (best, ratio) = rank(&cols, &cells, &TTFT);
+        assert_eq!(best, Some(1));
+        assert_eq!(ratio.unwrap(), "b ×2.00 vs a (10.00 vs 20.00 ms)");
+        let tps = spec("output_tok_s", "t", "tok/s", true, true);
+        let (best, ratio) = rank(&cols, &cells, &tps);
+        assert_eq!(best, Some(0));
+        assert_eq!(ratio.unwrap(), "a ×2.00 vs b (20.00 vs 10.00 tok/s)");
+        // An excluded cell is never best, even alone.
+        let (best, ratio) = rank(&cols[2..], &cells[2..], &TTFT);
+        assert_eq!((best, ratio), (None, None));
+    }
+}

@@ -1,0 +1,111 @@
+//! The result file: one JSON document per `vigil bench run`, holding every setting and every raw
+//! sample, so a report can be rebuilt (or recomputed differently) from it alone.
+
+use crate::calibrate::CalibrationRecord;
+use crate::hardware::Hardware;
+use crate::stats::Summary;
+use crate::workload::{Settings, Workload};
+use crate::BenchError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+pub const SCHEMA: &str = "vigil-bench/1";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunFile {
+    /// `vigil-bench/1`.
+    pub schema: String,
+    /// The harness version (the `vigil` crate version).
+    pub tool_version: String,
+    /// Seconds since the Unix epoch when the run started.
+    pub started_unix_s: u64,
+    pub workload: Workload,
+    pub settings: Settings,
+    pub hardware: Hardware,
+    pub targets: Vec<TargetRun>,
+}
+
+/// One target's part of a run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TargetRun {
+    /// The name given with `--target NAME=URL`.
+    pub name: String,
+    pub url: String,
+    /// The model id from `/v1/models` (or `--model`), sent as `model` in every request.
+    pub model: String,
+    /// `owned_by` of the model in `/v1/models` (`vigil`; llama-cpp-python says `me`).
+    pub owned_by: Option<String>,
+    /// The HTTP `server` header of `/v1/models`, where the server sends one.
+    pub server_header: Option<String>,
+    /// The engine's context length where `/v1/models` states it (`max_model_len`).
+    pub max_model_len: Option<u64>,
+    pub calibration: CalibrationRecord,
+    pub points: Vec<Point>,
+}
+
+/// One measured point: a prompt/output size, a concurrency level, a loop shape.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Point {
+    /// Stable name within the workload, e.g. `in=128 out=128`, `c=8`, `P=2048 T=5`.
+    pub label: String,
+    /// The sizes that define the point (`prompt_tokens`, `max_tokens`, `concurrency`, …).
+    pub params: BTreeMap<String, u64>,
+    pub warmup_requests: u32,
+    pub measured_requests: u32,
+    /// Failed requests, warm-up included.
+    pub failed: u32,
+    /// A point with any failed request: reported as excluded, never charted or ranked.
+    pub excluded: bool,
+    /// The first few failure messages.
+    pub errors: Vec<String>,
+    /// Wall time of the measured phase (first send to last byte).
+    pub wall_s: f64,
+    /// Aggregates over the measured phase: `output_tok_s` (all output tokens / wall) and
+    /// `requests_per_s` (concurrent); no percentiles.
+    pub throughput: BTreeMap<String, f64>,
+    /// Percentile summaries over measured samples: `ttft_ms`, `itl_ms`, `e2e_ms`,
+    /// `output_tok_s` (per request), `prompt_tok_s` (prefill), `loop_ms` (agent loop).
+    pub metrics: BTreeMap<String, Summary>,
+    /// Every request, warm-up included (`warmup: true`).
+    pub samples: Vec<Sample>,
+}
+
+/// One request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sample {
+    pub warmup: bool,
+    /// Iteration within the point (agent loop: the loop; otherwise the request).
+    pub iteration: u32,
+    /// Turn within an agent loop (1-based).
+    pub turn: Option<u32>,
+    /// Send time from the start of the point's phase (warm-up or measured).
+    pub start_ms: f64,
+    /// Send → first token (first chunk with text, or the first choice when no text came).
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: f64,
+    /// Ms per output token after the first: (last text chunk − first) / (tokens − 1).
+    pub itl_ms: Option<f64>,
+    pub requested_tokens: u32,
+    pub prompt_tokens: Option<u32>,
+    pub cached_tokens: Option<u32>,
+    pub output_tokens: Option<u32>,
+    pub text_chunks: u32,
+    pub finish_reason: Option<String>,
+    pub error: Option<String>,
+}
+
+impl RunFile {
+    pub fn read(path: &Path) -> Result<RunFile, BenchError> {
+        let text = std::fs::read_to_string(path).map_err(|e| BenchError::io(path, e))?;
+        serde_json::from_str(&text).map_err(|source| BenchError::ResultFile {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    pub fn write(&self, path: &Path) -> Result<(), BenchError> {
+        let text = serde_json::to_string_pretty(self)?;
+        std::fs::write(path, text + "\n").map_err(|e| BenchError::io(path, e))
+    }
+}

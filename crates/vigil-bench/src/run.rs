@@ -1,0 +1,343 @@
+//! `vigil bench run`: for each target, find the model, calibrate prompts on the target's own
+//! tokenizer, measure every point of the workload, and write one result file for the run.
+
+use crate::calibrate::{
+    pseudo_words, CalibrationCheck, CalibrationRecord, Composer, SplitMix64, HEADER, POOL_SIZE,
+};
+use crate::client::{Client, Usage};
+use crate::exec::{self, Progress};
+use crate::hardware::Hardware;
+use crate::result::{RunFile, TargetRun, SCHEMA};
+use crate::workload::{plan, Settings, Shape, Workload};
+use crate::BenchError;
+use futures_util::{stream, StreamExt, TryStreamExt};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// `NAME=URL` from the command line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub name: String,
+    pub url: String,
+}
+
+impl FromStr for Target {
+    type Err = BenchError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('=') {
+            Some((name, url)) if !name.is_empty() && url.starts_with("http") => Ok(Target {
+                name: name.to_string(),
+                url: url.trim_end_matches('/').to_string(),
+            }),
+            _ => Err(BenchError::Setting(format!(
+                "--target `{s}`: expected NAME=URL, e.g. vigil=http://127.0.0.1:8080"
+            ))),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub workload: Workload,
+    pub settings: Settings,
+    pub out_dir: PathBuf,
+    /// The `model` field to send (default: the first id of the target's `/v1/models`).
+    pub model: Option<String>,
+    /// How long to wait for a target to answer `/v1/models` (it may still be loading).
+    pub startup_timeout_s: u64,
+    pub tool_version: String,
+}
+
+/// Runs the workload against every target in turn and writes the result file; returns its path.
+pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, BenchError> {
+    if targets.is_empty() {
+        return Err(BenchError::Setting(
+            "give at least one --target NAME=URL".into(),
+        ));
+    }
+    let points = plan(opts.workload, &opts.settings)?;
+    let started_unix_s = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut runs = Vec::new();
+    for target in targets {
+        let timeout = Duration::from_secs(opts.settings.request_timeout_s);
+        let client = Client::new(&target.url, timeout)?;
+        wait_ready(&client, opts.startup_timeout_s).await?;
+        let (models, server_header) = client.get_json("/v1/models").await?;
+        let first = models.pointer("/data/0");
+        let model = match (
+            &opts.model,
+            first.and_then(|m| m.get("id")).and_then(Value::as_str),
+        ) {
+            (Some(m), _) => m.clone(),
+            (None, Some(id)) => id.to_string(),
+            (None, None) => {
+                return Err(BenchError::Reply {
+                    url: format!("{}/v1/models", target.url),
+                    what: "no model id in `data`; pass --model".into(),
+                })
+            }
+        };
+        let max_model_len = first
+            .and_then(|m| m.get("max_model_len"))
+            .and_then(Value::as_u64);
+        if let Some(len) = max_model_len {
+            if let Some(p) = points.iter().find(|p| u64::from(p.context_need()) > len) {
+                return Err(BenchError::Setting(format!(
+                    "{}: point `{}` needs {} tokens of context; the server has {len}",
+                    target.name,
+                    p.label,
+                    p.context_need()
+                )));
+            }
+        }
+        let longest = points.iter().map(longest_prompt).max().unwrap_or(0);
+        let (mut composer, calibration) =
+            calibrate(&client, &model, opts.workload, longest, opts.settings.seed).await?;
+        let mut measured = Vec::new();
+        for (i, point) in points.iter().enumerate() {
+            let progress = Progress::new(format!(
+                "[{}] {} {} ({}/{})",
+                target.name,
+                opts.workload,
+                point.label,
+                i + 1,
+                points.len()
+            ));
+            let ctx = exec::Ctx {
+                client: &client,
+                model: &model,
+                settings: &opts.settings,
+                completion_base: calibration.completion_base_tokens,
+                chat_base: calibration.chat_base_tokens,
+            };
+            measured.push(exec::run_point(&ctx, &mut composer, point, &progress).await?);
+        }
+        runs.push(TargetRun {
+            name: target.name.clone(),
+            url: target.url.clone(),
+            model,
+            owned_by: first
+                .and_then(|m| m.get("owned_by"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            server_header,
+            max_model_len,
+            calibration,
+            points: measured,
+        });
+    }
+    let file = RunFile {
+        schema: SCHEMA.to_string(),
+        tool_version: opts.tool_version.clone(),
+        started_unix_s,
+        workload: opts.workload,
+        settings: opts.settings.clone(),
+        hardware: Hardware::detect(),
+        targets: runs,
+    };
+    std::fs::create_dir_all(&opts.out_dir).map_err(|e| BenchError::io(&opts.out_dir, e))?;
+    let path = free_path(
+        &opts.out_dir,
+        &format!("{}-{started_unix_s}", opts.workload),
+    );
+    file.write(&path)?;
+    Ok(path)
+}
+
+fn longest_prompt(p: &crate::workload::PlannedPoint) -> u32 {
+    match p.shape {
+        Shape::Requests { prompt_tokens, .. } => prompt_tokens,
+        Shape::AgentLoop { prefix_tokens, .. } => prefix_tokens,
+    }
+}
+
+fn free_path(dir: &Path, stem: &str) -> PathBuf {
+    let mut path = dir.join(format!("{stem}.json"));
+    let mut n = 1;
+    while path.exists() {
+        n += 1;
+        path = dir.join(format!("{stem}-{n}.json"));
+    }
+    path
+}
+
+/// Ready when `/health` answers 200 (Vigil: 503 while loading, though `/v1/models` already
+/// answers), or, on servers without `/health`, when `/v1/models` does.
+async fn wait_ready(client: &Client, timeout_s: u64) -> Result<(), BenchError> {
+    let t0 = Instant::now();
+    loop {
+        let probe = match client.get_json("/health").await {
+            Err(BenchError::Status { status: 404, .. }) => client.get_json("/v1/models").await,
+            other => other,
+        };
+        match probe {
+            Ok(_) => return Ok(()),
+            Err(e) if t0.elapsed().as_secs() >= timeout_s => {
+                return Err(BenchError::NotReady {
+                    url: client.base().to_string(),
+                    waited_s: t0.elapsed().as_secs(),
+                    last: e.to_string(),
+                })
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+/// A request body every engine reads the same way: greedy, exactly `max_tokens` generated.
+pub fn request_body(model: &str, max_tokens: u32, stream: bool) -> Value {
+    let mut body = json!({
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+        // `ignore_eos`: vLLM, SGLang, llama.cpp's server, Vigil. `min_tokens`: what
+        // llama-cpp-python honours (EOS banned until then).
+        "ignore_eos": true,
+        "min_tokens": max_tokens,
+    });
+    if stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+pub fn completion_body(model: &str, prompt: &str, max_tokens: u32, stream: bool) -> Value {
+    let mut body = request_body(model, max_tokens, stream);
+    body["prompt"] = json!(prompt);
+    body
+}
+
+pub fn chat_body(model: &str, messages: &[Value], max_tokens: u32, stream: bool) -> Value {
+    let mut body = request_body(model, max_tokens, stream);
+    body["messages"] = json!(messages);
+    body
+}
+
+async fn count(client: &Client, path: &str, body: &Value) -> Result<u32, BenchError> {
+    let reply = client.post_json(path, body).await?;
+    Usage::from_json(reply.get("usage").unwrap_or(&Value::Null))
+        .prompt_tokens
+        .ok_or_else(|| BenchError::Reply {
+            url: format!("{}{path}", client.base()),
+            what: "no usage.prompt_tokens".into(),
+        })
+}
+
+async fn count_completion(client: &Client, model: &str, prompt: &str) -> Result<u32, BenchError> {
+    count(
+        client,
+        "/v1/completions",
+        &completion_body(model, prompt, 1, false),
+    )
+    .await
+}
+
+async fn count_chat(client: &Client, model: &str, content: &str) -> Result<u32, BenchError> {
+    let messages = [json!({"role": "user", "content": content})];
+    count(
+        client,
+        "/v1/chat/completions",
+        &chat_body(model, &messages, 1, false),
+    )
+    .await
+}
+
+/// Prices the pool on the target (four probes in flight), then checks one composed prompt of
+/// the workload's longest length on the workload's endpoint.
+async fn calibrate(
+    client: &Client,
+    model: &str,
+    workload: Workload,
+    longest: u32,
+    seed: u64,
+) -> Result<(Composer, CalibrationRecord), BenchError> {
+    let t0 = Instant::now();
+    let pool = pseudo_words(&mut SplitMix64::new(seed), POOL_SIZE);
+    let base = count_completion(client, model, HEADER).await?;
+    let priced: Vec<(String, u32)> = stream::iter(pool)
+        .map(|w| async move {
+            let n = count_completion(client, model, &format!("{HEADER} {w}")).await?;
+            Ok::<_, BenchError>((w, n.saturating_sub(base)))
+        })
+        .buffered(4)
+        .try_collect()
+        .await?;
+    let (lo, hi) = priced
+        .iter()
+        .fold((u32::MAX, 0), |(lo, hi), (_, c)| (lo.min(*c), hi.max(*c)));
+    let mut composer = Composer::new(priced, seed)?;
+    let chat_base = match workload {
+        Workload::AgentLoop => Some(count_chat(client, model, HEADER).await?),
+        _ => None,
+    };
+    // The check prompt is composed like a timed one but never timed: its opening is spent.
+    let check = match chat_base {
+        Some(cb) => {
+            let p = composer.compose(longest, cb)?;
+            CalibrationCheck {
+                endpoint: "/v1/chat/completions".into(),
+                target: longest,
+                predicted: p.predicted,
+                counted: count_chat(client, model, &p.text).await?,
+            }
+        }
+        None => {
+            let p = composer.compose(longest, base)?;
+            CalibrationCheck {
+                endpoint: "/v1/completions".into(),
+                target: longest,
+                predicted: p.predicted,
+                counted: count_completion(client, model, &p.text).await?,
+            }
+        }
+    };
+    check.verify()?;
+    eprintln!(
+        "calibrated {POOL_SIZE} words on {} in {:.1} s; {}-token check prompt counted {}",
+        client.base(),
+        t0.elapsed().as_secs_f64(),
+        check.target,
+        check.counted
+    );
+    let record = CalibrationRecord {
+        pool_words: POOL_SIZE,
+        completion_base_tokens: base,
+        chat_base_tokens: chat_base,
+        word_cost_min: lo,
+        word_cost_max: hi,
+        check,
+    };
+    Ok((composer, record))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_as_name_equals_url() {
+        let t: Target = "vigil=http://127.0.0.1:8080/".parse().unwrap();
+        assert_eq!(t.name, "vigil");
+        assert_eq!(t.url, "http://127.0.0.1:8080");
+        assert!("http://x".parse::<Target>().is_err());
+        assert!("=http://x".parse::<Target>().is_err());
+    }
+
+    #[test]
+    fn bodies_pin_the_output_length() {
+        let b = completion_body("m", "Words: a", 64, true);
+        assert_eq!(b["max_tokens"], 64);
+        assert_eq!(b["min_tokens"], 64);
+        assert_eq!(b["ignore_eos"], true);
+        assert_eq!(b["temperature"], 0);
+        assert_eq!(b["stream_options"]["include_usage"], true);
+        assert!(completion_body("m", "x", 1, false)
+            .get("stream_options")
+            .is_none());
+    }
+}

@@ -1,0 +1,320 @@
+//! The workloads, their settings, and the points each one measures.
+
+use crate::BenchError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// One request at a time over a grid of prompt × output lengths.
+    Single,
+    /// N closed-loop streams at once.
+    Concurrent,
+    /// Long prompts, one output token: prompt tokens/s.
+    Prefill,
+    /// T turns on a P-token prefix, the conversation re-sent each turn.
+    AgentLoop,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 4] = [
+        Workload::Single,
+        Workload::Concurrent,
+        Workload::Prefill,
+        Workload::AgentLoop,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Single => "single",
+            Workload::Concurrent => "concurrent",
+            Workload::Prefill => "prefill",
+            Workload::AgentLoop => "agent-loop",
+        }
+    }
+
+    /// The endpoint the workload's requests go to.
+    pub fn endpoint(self) -> &'static str {
+        match self {
+            Workload::AgentLoop => "/v1/chat/completions",
+            _ => "/v1/completions",
+        }
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Workload {
+    type Err = BenchError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Workload::ALL
+            .into_iter()
+            .find(|w| w.name() == s)
+            .ok_or_else(|| {
+                BenchError::Setting(format!(
+                    "unknown workload `{s}` (one of single, concurrent, prefill, agent-loop)"
+                ))
+            })
+    }
+}
+
+/// Every setting of a run, recorded in the result file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    /// Untimed requests (agent loop: loops) before each point.
+    pub warmup: u32,
+    /// Measured requests (agent loop: loops) per point; concurrent levels send at least 2 × N.
+    pub iterations: u32,
+    pub seed: u64,
+    pub request_timeout_s: u64,
+    /// single: prompt lengths × output lengths.
+    pub prompt_tokens: Vec<u32>,
+    pub output_tokens: Vec<u32>,
+    /// concurrent: levels, and each stream's prompt and output length.
+    pub concurrency: Vec<u32>,
+    pub concurrent_prompt_tokens: u32,
+    pub concurrent_output_tokens: u32,
+    /// prefill: prompt lengths (1 output token).
+    pub prefill_prompt_tokens: Vec<u32>,
+    /// agent-loop: prefix lengths × turn counts, and tokens generated per turn.
+    pub prefix_tokens: Vec<u32>,
+    pub turns: Vec<u32>,
+    pub turn_tokens: u32,
+    /// What every request asks: temperature 0, `ignore_eos`, `min_tokens` = `max_tokens`.
+    pub temperature: f64,
+    pub ignore_eos: bool,
+    pub min_tokens_equal_max_tokens: bool,
+    /// The prefix-cache setting is the server's: recorded as given on the command line.
+    pub prefix_cache: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            warmup: 3,
+            iterations: 20,
+            seed: 0,
+            request_timeout_s: 900,
+            prompt_tokens: vec![128, 1024],
+            output_tokens: vec![128],
+            concurrency: vec![1, 8, 32],
+            concurrent_prompt_tokens: 512,
+            concurrent_output_tokens: 128,
+            prefill_prompt_tokens: vec![1024, 4096],
+            prefix_tokens: vec![2048],
+            turns: vec![5],
+            turn_tokens: 48,
+            temperature: 0.0,
+            ignore_eos: true,
+            min_tokens_equal_max_tokens: true,
+            prefix_cache: "server default".to_string(),
+        }
+    }
+}
+
+/// What one point sends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Shape {
+    /// `concurrency` closed-loop streams of `prompt_tokens` in, `max_tokens` out.
+    Requests {
+        prompt_tokens: u32,
+        max_tokens: u32,
+        concurrency: u32,
+    },
+    /// A conversation of `turns` turns on a `prefix_tokens` first message.
+    AgentLoop {
+        prefix_tokens: u32,
+        turns: u32,
+        turn_tokens: u32,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedPoint {
+    pub label: String,
+    pub shape: Shape,
+}
+
+impl PlannedPoint {
+    pub fn params(&self) -> BTreeMap<String, u64> {
+        let pairs: Vec<(&str, u32)> = match self.shape {
+            Shape::Requests {
+                prompt_tokens,
+                max_tokens,
+                concurrency,
+            } => vec![
+                ("prompt_tokens", prompt_tokens),
+                ("max_tokens", max_tokens),
+                ("concurrency", concurrency),
+            ],
+            Shape::AgentLoop {
+                prefix_tokens,
+                turns,
+                turn_tokens,
+            } => vec![
+                ("prefix_tokens", prefix_tokens),
+                ("turns", turns),
+                ("turn_tokens", turn_tokens),
+            ],
+        };
+        pairs
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), u64::from(v)))
+            .collect()
+    }
+
+    /// The longest prompt the point sends and the tokens it generates after it: what must fit
+    /// in the target's context.
+    pub fn context_need(&self) -> u32 {
+        match self.shape {
+            Shape::Requests {
+                prompt_tokens,
+                max_tokens,
+                ..
+            } => prompt_tokens + max_tokens,
+            // Each later turn adds the reply and a short user message (under 16 tokens).
+            Shape::AgentLoop {
+                prefix_tokens,
+                turns,
+                turn_tokens,
+            } => prefix_tokens + turns * (turn_tokens + 16),
+        }
+    }
+
+    /// Measured requests of a request point (closed loop: at least two per stream).
+    pub fn measured_requests(&self, iterations: u32) -> u32 {
+        match self.shape {
+            Shape::Requests { concurrency, .. } if concurrency > 1 => {
+                iterations.max(2 * concurrency)
+            }
+            _ => iterations,
+        }
+    }
+}
+
+/// The points of `workload` under `settings`, in run order.
+pub fn plan(workload: Workload, s: &Settings) -> Result<Vec<PlannedPoint>, BenchError> {
+    let nonzero = |what: &str, v: &[u32]| {
+        if v.is_empty() || v.contains(&0) {
+            Err(BenchError::Setting(format!(
+                "{what} must list positive numbers"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    if s.iterations == 0 {
+        return Err(BenchError::Setting("iterations must be at least 1".into()));
+    }
+    let points = match workload {
+        Workload::Single => {
+            nonzero("prompt tokens", &s.prompt_tokens)?;
+            nonzero("output tokens", &s.output_tokens)?;
+            let mut v = Vec::new();
+            for &p in &s.prompt_tokens {
+                for &o in &s.output_tokens {
+                    v.push(PlannedPoint {
+                        label: format!("in={p} out={o}"),
+                        shape: Shape::Requests {
+                            prompt_tokens: p,
+                            max_tokens: o,
+                            concurrency: 1,
+                        },
+                    });
+                }
+            }
+            v
+        }
+        Workload::Concurrent => {
+            nonzero("concurrency", &s.concurrency)?;
+            nonzero(
+                "concurrent prompt/output tokens",
+                &[s.concurrent_prompt_tokens, s.concurrent_output_tokens],
+            )?;
+            s.concurrency
+                .iter()
+                .map(|&c| PlannedPoint {
+                    label: format!("c={c}"),
+                    shape: Shape::Requests {
+                        prompt_tokens: s.concurrent_prompt_tokens,
+                        max_tokens: s.concurrent_output_tokens,
+                        concurrency: c,
+                    },
+                })
+                .collect()
+        }
+        Workload::Prefill => {
+            nonzero("prefill prompt tokens", &s.prefill_prompt_tokens)?;
+            s.prefill_prompt_tokens
+                .iter()
+                .map(|&p| PlannedPoint {
+                    label: format!("in={p}"),
+                    shape: Shape::Requests {
+                        prompt_tokens: p,
+                        max_tokens: 1,
+                        concurrency: 1,
+                    },
+                })
+                .collect()
+        }
+        Workload::AgentLoop => {
+            nonzero("prefix tokens", &s.prefix_tokens)?;
+            nonzero("turns", &s.turns)?;
+            nonzero("turn tokens", &[s.turn_tokens])?;
+            let mut v = Vec::new();
+            for &p in &s.prefix_tokens {
+                for &t in &s.turns {
+                    v.push(PlannedPoint {
+                        label: format!("P={p} T={t}"),
+                        shape: Shape::AgentLoop {
+                            prefix_tokens: p,
+                            turns: t,
+                            turn_tokens: s.turn_tokens,
+                        },
+                    });
+                }
+            }
+            v
+        }
+    };
+    Ok(points)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_follow_the_settings() {
+        let s = Settings::default();
+        let single = plan(Workload::Single, &s).unwrap();
+        assert_eq!(
+            single.iter().map(|p| p.label.as_str()).collect::<Vec<_>>(),
+            ["in=128 out=128", "in=1024 out=128"]
+        );
+        let conc = plan(Workload::Concurrent, &s).unwrap();
+        assert_eq!(conc.len(), 3);
+        assert_eq!(conc[2].measured_requests(20), 64);
+        assert_eq!(conc[0].measured_requests(20), 20);
+        let agent = plan(Workload::AgentLoop, &s).unwrap();
+        assert_eq!(agent[0].params()["turns"], 5);
+        assert_eq!(agent[0].context_need(), 2048 + 5 * 64);
+        let bad = Settings {
+            concurrency: vec![0],
+            ..Settings::default()
+        };
+        assert!(plan(Workload::Concurrent, &bad).is_err());
+        assert_eq!(
+            "agent-loop".parse::<Workload>().unwrap(),
+            Workload::AgentLoop
+        );
+        assert!("matrix".parse::<Workload>().is_err());
+    }
+}

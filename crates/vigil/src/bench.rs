@@ -1,0 +1,150 @@
+//! `vigil bench`: `run` drives one or more servers through a workload and writes a result file;
+//! `report` turns result files into `report.md` and `report.html`. The work is in `vigil-bench`.
+
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use vigil_bench::{Settings, Target, Workload};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum BenchCommand {
+    /// Measure a workload on one or more OpenAI-compatible servers; writes one JSON result file.
+    Run(Box<RunArgs>),
+    /// Turn result files into a Markdown summary and a self-contained HTML page.
+    Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// A server to measure, as NAME=URL (repeatable), e.g. vigil=http://127.0.0.1:8080.
+    #[arg(long = "target", required = true)]
+    targets: Vec<String>,
+    /// single, concurrent, prefill or agent-loop.
+    #[arg(long)]
+    workload: String,
+    /// Directory for the result file.
+    #[arg(long, default_value = "results")]
+    out: PathBuf,
+    /// The `model` field to send (default: the first id of the target's /v1/models).
+    #[arg(long)]
+    model: Option<String>,
+    /// Untimed requests (agent-loop: loops) per point [default: 3].
+    #[arg(long)]
+    warmup: Option<u32>,
+    /// Measured requests (agent-loop: loops) per point; concurrent levels send at least 2 × N
+    /// [default: 20].
+    #[arg(long)]
+    iterations: Option<u32>,
+    /// Seed of the prompt composer [default: 0].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Per-request timeout in seconds [default: 900].
+    #[arg(long)]
+    request_timeout: Option<u64>,
+    /// Seconds to wait for each target to answer /v1/models.
+    #[arg(long, default_value_t = 120)]
+    startup_timeout: u64,
+    /// single: prompt lengths, comma-separated [default: 128,1024].
+    #[arg(long, value_delimiter = ',')]
+    prompt_tokens: Option<Vec<u32>>,
+    /// single: output lengths [default: 128].
+    #[arg(long, value_delimiter = ',')]
+    output_tokens: Option<Vec<u32>>,
+    /// concurrent: stream counts [default: 1,8,32].
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Option<Vec<u32>>,
+    /// concurrent: prompt length of each stream [default: 512].
+    #[arg(long)]
+    concurrent_prompt_tokens: Option<u32>,
+    /// concurrent: output length of each stream [default: 128].
+    #[arg(long)]
+    concurrent_output_tokens: Option<u32>,
+    /// prefill: prompt lengths [default: 1024,4096].
+    #[arg(long, value_delimiter = ',')]
+    prefill_prompt_tokens: Option<Vec<u32>>,
+    /// agent-loop: prefix lengths [default: 2048].
+    #[arg(long, value_delimiter = ',')]
+    prefix_tokens: Option<Vec<u32>>,
+    /// agent-loop: turns per loop [default: 5].
+    #[arg(long, value_delimiter = ',')]
+    turns: Option<Vec<u32>>,
+    /// agent-loop: tokens generated per turn [default: 48].
+    #[arg(long)]
+    turn_tokens: Option<u32>,
+    /// The servers' prefix-cache setting, recorded in the result file (the harness cannot see it).
+    #[arg(long)]
+    prefix_cache: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct ReportArgs {
+    /// Result files written by `vigil bench run`.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Directory for report.md and report.html.
+    #[arg(long, default_value = "report")]
+    out: PathBuf,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    match args.command {
+        BenchCommand::Run(a) => run_workload(*a),
+        BenchCommand::Report(a) => {
+            for path in vigil_bench::report::write_report(&a.files, &a.out)? {
+                println!("{}", path.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn run_workload(a: RunArgs) -> Result<()> {
+    let d = Settings::default();
+    let settings = Settings {
+        warmup: a.warmup.unwrap_or(d.warmup),
+        iterations: a.iterations.unwrap_or(d.iterations),
+        seed: a.seed.unwrap_or(d.seed),
+        request_timeout_s: a.request_timeout.unwrap_or(d.request_timeout_s),
+        prompt_tokens: a.prompt_tokens.unwrap_or(d.prompt_tokens),
+        output_tokens: a.output_tokens.unwrap_or(d.output_tokens),
+        concurrency: a.concurrency.unwrap_or(d.concurrency),
+        concurrent_prompt_tokens: a
+            .concurrent_prompt_tokens
+            .unwrap_or(d.concurrent_prompt_tokens),
+        concurrent_output_tokens: a
+            .concurrent_output_tokens
+            .unwrap_or(d.concurrent_output_tokens),
+        prefill_prompt_tokens: a.prefill_prompt_tokens.unwrap_or(d.prefill_prompt_tokens),
+        prefix_tokens: a.prefix_tokens.unwrap_or(d.prefix_tokens),
+        turns: a.turns.unwrap_or(d.turns),
+        turn_tokens: a.turn_tokens.unwrap_or(d.turn_tokens),
+        prefix_cache: a.prefix_cache.unwrap_or(d.prefix_cache),
+        ..d
+    };
+    let targets = a
+        .targets
+        .iter()
+        .map(|t| t.parse::<Target>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let opts = vigil_bench::RunOptions {
+        workload: a.workload.parse::<Workload>()?,
+        settings,
+        out_dir: a.out,
+        model: a.model,
+        startup_timeout_s: a.startup_timeout,
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    // One thread: the client should take as little CPU from the servers under test as it can.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let path = runtime.block_on(vigil_bench::run(&opts, &targets))?;
+    println!("{}", path.display());
+    Ok(())
+}

@@ -1,0 +1,296 @@
+//! `vigil bench` end to end: a real `vigil serve` on the tiny Qwen3 checkpoint, every workload
+//! run briefly through the CLI, the result files checked for schema and sane numbers, then
+//! `vigil bench report` checked for one table per workload and well-formed charts.
+
+use serde_json::Value;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+const VIGIL: &str = env!("CARGO_BIN_EXE_vigil");
+
+/// Kills the server when the test ends, however it ends.
+struct Server {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local address").port()
+}
+
+fn start_server(dir: &Path) -> (Server, String) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let port = free_port();
+    let log = dir.join("serve.log");
+    let log_file = std::fs::File::create(&log).expect("create server log");
+    let child = Command::new(VIGIL)
+        .args(["serve", "--model"])
+        .arg(repo.join("tests/fixtures/tiny/qwen3"))
+        .args(["--ctx", "2048", "--kv-memory", "64MiB", "--threads", "1"])
+        .args(["--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .expect("spawn vigil serve");
+    (Server { child, log }, format!("http://127.0.0.1:{port}"))
+}
+
+/// Runs `vigil bench run`; returns the parsed result file.
+fn bench(server: &Server, url: &str, out: &Path, workload: &str, sizes: &[&str]) -> Value {
+    let output = Command::new(VIGIL)
+        .args(["bench", "run", "--workload", workload])
+        .arg(format!("--target=vigil={url}"))
+        .arg("--out")
+        .arg(out)
+        .args([
+            "--warmup",
+            "1",
+            "--iterations",
+            "2",
+            "--startup-timeout",
+            "120",
+        ])
+        .args(sizes)
+        .output()
+        .expect("run vigil bench");
+    assert!(
+        output.status.success(),
+        "vigil bench run --workload {workload} failed:\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        std::fs::read_to_string(&server.log).unwrap_or_default()
+    );
+    let path = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let text = std::fs::read_to_string(&path).expect("read the result file");
+    serde_json::from_str(&text).expect("result file is JSON")
+}
+
+fn num(v: &Value, what: &str) -> f64 {
+    v.as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number (NaN is written as null): {v}"))
+}
+
+/// Checks what every result file must hold; returns the target's points.
+fn check_file(file: &Value, workload: &str, labels: &[&str]) -> Vec<Value> {
+    assert_eq!(file["schema"], "vigil-bench/1");
+    assert_eq!(file["workload"], workload);
+    assert!(num(&file["hardware"]["cores"], "cores") >= 1.0);
+    assert!(file["hardware"]["cpu_model"].is_string());
+    assert_eq!(num(&file["settings"]["iterations"], "iterations"), 2.0);
+    assert_eq!(file["settings"]["ignore_eos"], true);
+    let targets = file["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 1);
+    let t = &targets[0];
+    assert_eq!(t["name"], "vigil");
+    assert_eq!(t["owned_by"], "vigil");
+    assert!(!t["model"].as_str().unwrap_or_default().is_empty());
+    let check = &t["calibration"]["check"];
+    let (target, counted) = (
+        num(&check["target"], "target"),
+        num(&check["counted"], "counted"),
+    );
+    assert!(
+        (counted - target).abs() <= 0.02 * target,
+        "calibration check {check}"
+    );
+    let points = t["points"].as_array().expect("points").clone();
+    let got: Vec<&str> = points.iter().filter_map(|p| p["label"].as_str()).collect();
+    assert_eq!(got, labels);
+    for p in &points {
+        let label = &p["label"];
+        assert_eq!(p["excluded"], false, "{label}: {}", p["errors"]);
+        assert_eq!(p["failed"], 0);
+        let samples = p["samples"].as_array().expect("samples");
+        let warm = num(&p["warmup_requests"], "warmup_requests") as usize;
+        let measured = num(&p["measured_requests"], "measured_requests") as usize;
+        assert_eq!(samples.len(), warm + measured, "{label}");
+        assert_eq!(samples.iter().filter(|s| s["warmup"] == true).count(), warm);
+        for s in samples {
+            assert!(s["error"].is_null(), "{label}: {s}");
+            assert_eq!(s["output_tokens"], s["requested_tokens"], "{label}: {s}");
+            let (ttft, e2e) = (num(&s["ttft_ms"], "ttft_ms"), num(&s["e2e_ms"], "e2e_ms"));
+            assert!(ttft > 0.0 && ttft <= e2e, "{label}: {s}");
+        }
+        let metrics = p["metrics"].as_object().expect("metrics");
+        for key in ["ttft_ms", "e2e_ms", "output_tok_s"] {
+            assert!(metrics.contains_key(key), "{label} lacks {key}");
+        }
+        for (key, m) in metrics {
+            let q = |k: &str| num(&m[k], &format!("{label} {key}.{k}"));
+            assert!(
+                q("min") <= q("p50") && q("p50") <= q("p95"),
+                "{label} {key}: {m}"
+            );
+            assert!(
+                q("p95") <= q("p99") && q("p99") <= q("max"),
+                "{label} {key}: {m}"
+            );
+        }
+        for v in p["throughput"].as_object().expect("throughput").values() {
+            assert!(num(v, "throughput") > 0.0);
+        }
+    }
+    points
+}
+
+fn param(p: &Value, k: &str) -> f64 {
+    num(&p["params"][k], k)
+}
+
+/// Start and end tags balance (the HTML is written as XHTML); returns the count of `<svg>`.
+fn check_balanced(html: &str) -> usize {
+    let mut stack: Vec<String> = Vec::new();
+    let mut svgs = 0;
+    let mut rest = html;
+    while let Some(open) = rest.find('<') {
+        let close = rest[open..].find('>').expect("unclosed tag") + open;
+        let tag = &rest[open + 1..close];
+        rest = &rest[close + 1..];
+        if tag.starts_with('!') {
+            continue;
+        }
+        let name: String = tag
+            .trim_start_matches('/')
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        if let Some(stripped) = tag.strip_prefix('/') {
+            let top = stack.pop().unwrap_or_default();
+            assert_eq!(top, stripped.trim(), "mismatched </{stripped}>");
+        } else if !tag.ends_with('/') {
+            if name == "svg" {
+                svgs += 1;
+            }
+            stack.push(name);
+        }
+    }
+    assert!(stack.is_empty(), "unclosed tags: {stack:?}");
+    svgs
+}
+
+#[test]
+fn bench_every_workload_then_report() {
+    let dir = std::env::temp_dir().join(format!("vigil-bench-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let results = dir.join("results");
+    let (server, url) = start_server(&dir);
+
+    let single = bench(
+        &server,
+        &url,
+        &results,
+        "single",
+        &["--prompt-tokens=32,64", "--output-tokens=8,16"],
+    );
+    let points = check_file(
+        &single,
+        "single",
+        &["in=32 out=8", "in=32 out=16", "in=64 out=8", "in=64 out=16"],
+    );
+    for p in &points {
+        assert_eq!(num(&p["measured_requests"], "measured"), 2.0);
+        for s in p["samples"].as_array().into_iter().flatten() {
+            // The composed prompt is what the server counted, within calibration's 2%.
+            let target = param(p, "prompt_tokens");
+            assert!(
+                (num(&s["prompt_tokens"], "prompt_tokens") - target).abs() <= 0.02 * target + 1.0
+            );
+            assert_eq!(
+                num(&s["requested_tokens"], "requested"),
+                param(p, "max_tokens")
+            );
+        }
+    }
+
+    let conc = bench(
+        &server,
+        &url,
+        &results,
+        "concurrent",
+        &[
+            "--concurrency=1,3",
+            "--concurrent-prompt-tokens=32",
+            "--concurrent-output-tokens=8",
+        ],
+    );
+    let points = check_file(&conc, "concurrent", &["c=1", "c=3"]);
+    // Closed loop: at least two requests per stream.
+    assert_eq!(num(&points[1]["measured_requests"], "measured"), 6.0);
+    assert!(points[1]["throughput"]["requests_per_s"].is_number());
+
+    let prefill = bench(
+        &server,
+        &url,
+        &results,
+        "prefill",
+        &["--prefill-prompt-tokens=64,256"],
+    );
+    for p in check_file(&prefill, "prefill", &["in=64", "in=256"]) {
+        assert!(num(&p["metrics"]["prompt_tok_s"]["p50"], "prompt_tok_s") > 0.0);
+        assert_eq!(param(&p, "max_tokens"), 1.0);
+    }
+
+    let agent = bench(
+        &server,
+        &url,
+        &results,
+        "agent-loop",
+        &["--prefix-tokens=64", "--turns=1,3", "--turn-tokens=12"],
+    );
+    let points = check_file(&agent, "agent-loop", &["P=64 T=1", "P=64 T=3"]);
+    let three = &points[1];
+    assert_eq!(num(&three["measured_requests"], "measured"), 6.0);
+    assert_eq!(num(&three["metrics"]["loop_ms"]["n"], "loops"), 2.0);
+    // Samples are in send order: the conversation is re-sent each turn, so it grows, and its
+    // prefix is served from the cache.
+    let mut last_prompt = 0.0;
+    for s in three["samples"].as_array().into_iter().flatten() {
+        let prompt = num(&s["prompt_tokens"], "prompt");
+        if num(&s["turn"], "turn") > 1.0 {
+            assert!(prompt > last_prompt, "{s}");
+            assert!(num(&s["cached_tokens"], "cached") > 0.0, "{s}");
+        }
+        last_prompt = prompt;
+    }
+
+    let files: Vec<PathBuf> = std::fs::read_dir(&results)
+        .expect("results dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    assert_eq!(files.len(), 4);
+    let report = dir.join("report");
+    let out = Command::new(VIGIL)
+        .args(["bench", "report"])
+        .args(&files)
+        .arg("--out")
+        .arg(&report)
+        .output()
+        .expect("run vigil bench report");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::read_to_string(report.join("report.md")).expect("report.md");
+    assert_eq!(md.matches("\n| point | metric |").count(), 4, "{md}");
+    for w in ["single", "concurrent", "prefill", "agent-loop"] {
+        assert_eq!(md.matches(&format!("\n## {w}\n")).count(), 1, "{w}");
+    }
+    // One engine: every row's value is its best.
+    assert!(md.contains(" ★<br><sub>p95 "));
+    let html = std::fs::read_to_string(report.join("report.html")).expect("report.html");
+    // Charts: 4 metrics (single) + 5 (concurrent) + 2 (prefill) + 4 (agent loop).
+    assert_eq!(check_balanced(&html), 15);
+    assert!(html.matches("<rect").count() >= 15);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
