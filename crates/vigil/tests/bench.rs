@@ -27,15 +27,34 @@ fn free_port() -> u16 {
     l.local_addr().expect("local address").port()
 }
 
+/// The tiny Qwen3 checkpoint with its context raised to 2048 (its own 128 tokens cannot hold
+/// the workloads' prompts; RoPE has no hard limit, and the weights are random anyway).
+fn long_context_copy(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/qwen3");
+    let dst = dir.join("tiny-qwen3-2k");
+    std::fs::create_dir_all(&dst).expect("create the model copy");
+    for entry in std::fs::read_dir(&src).expect("read the fixture") {
+        let path = entry.expect("fixture entry").path();
+        std::fs::copy(&path, dst.join(path.file_name().expect("file name"))).expect("copy");
+    }
+    let config_path = dst.join("config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).expect("read config"))
+            .expect("config is JSON");
+    config["max_position_embeddings"] = 2048.into();
+    std::fs::write(&config_path, config.to_string()).expect("write config");
+    dst
+}
+
 fn start_server(dir: &Path) -> (Server, String) {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = long_context_copy(dir);
     let port = free_port();
     let log = dir.join("serve.log");
     let log_file = std::fs::File::create(&log).expect("create server log");
     let child = Command::new(VIGIL)
         .args(["serve", "--model"])
-        .arg(repo.join("tests/fixtures/tiny/qwen3"))
-        .args(["--ctx", "2048", "--kv-memory", "64MiB", "--threads", "1"])
+        .arg(&model)
+        .args(["--kv-memory", "64MiB", "--threads", "1"])
         .args(["--port", &port.to_string()])
         .stdout(Stdio::null())
         .stderr(log_file)
