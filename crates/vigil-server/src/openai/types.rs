@@ -4,7 +4,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum StopField {
     One(String),
@@ -71,30 +71,6 @@ pub struct ChatCompletionRequest {
     pub stream_reasoning: Option<bool>,
     /// Documented as ignored (OpenAI's end-user id).
     pub user: Option<String>,
-}
-
-impl ChatCompletionRequest {
-    pub fn common(&self) -> CommonParams {
-        CommonParams {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            logit_bias: self.logit_bias.clone(),
-            seed: self.seed,
-            stop: match &self.stop {
-                None => None,
-                Some(StopField::One(s)) => Some(StopField::One(s.clone())),
-                Some(StopField::Many(v)) => Some(StopField::Many(v.clone())),
-            },
-            n: self.n,
-            ignore_eos: self.ignore_eos,
-            min_tokens: self.min_tokens,
-        }
-    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -211,30 +187,6 @@ pub struct CompletionRequest {
     pub user: Option<String>,
 }
 
-impl CompletionRequest {
-    pub fn common(&self) -> CommonParams {
-        CommonParams {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            logit_bias: self.logit_bias.clone(),
-            seed: self.seed,
-            stop: match &self.stop {
-                None => None,
-                Some(StopField::One(s)) => Some(StopField::One(s.clone())),
-                Some(StopField::Many(v)) => Some(StopField::Many(v.clone())),
-            },
-            n: self.n,
-            ignore_eos: self.ignore_eos,
-            min_tokens: self.min_tokens,
-        }
-    }
-}
-
 /// A prompt as text or token ids (a batch of one is accepted in list form).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -244,3 +196,31 @@ pub enum PromptField {
     TextBatch(Vec<String>),
     TokenBatch(Vec<Vec<u32>>),
 }
+
+/// Both request kinds carry the same sampling fields under the same names; serde cannot
+/// flatten them into one struct while refusing unknown fields, so `common()` copies them.
+macro_rules! impl_common_params {
+    ($($request:ty),*) => {$(
+        impl $request {
+            pub fn common(&self) -> CommonParams {
+                CommonParams {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    min_p: self.min_p,
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    repetition_penalty: self.repetition_penalty,
+                    logit_bias: self.logit_bias.clone(),
+                    seed: self.seed,
+                    stop: self.stop.clone(),
+                    n: self.n,
+                    ignore_eos: self.ignore_eos,
+                    min_tokens: self.min_tokens,
+                }
+            }
+        }
+    )*};
+}
+
+impl_common_params!(ChatCompletionRequest, CompletionRequest);
