@@ -67,8 +67,6 @@ pub struct EngineStats {
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub prefix_cached_tokens: AtomicU64,
-    /// Prompt tokens of admitted requests that could have hit the cache (for the hit rate).
-    pub prefix_queried_tokens: AtomicU64,
     pub prefill_tokens: AtomicU64,
     pub decode_tokens: AtomicU64,
     /// Steps that computed at least one prompt token, and their total time.
@@ -355,8 +353,6 @@ impl EngineLoop {
                         .fetch_add(seq.num_prompt_tokens as u64, Ordering::Relaxed);
                     st.prefix_cached_tokens
                         .fetch_add(seq.num_cached_tokens as u64, Ordering::Relaxed);
-                    st.prefix_queried_tokens
-                        .fetch_add(seq.num_prompt_tokens as u64, Ordering::Relaxed);
                     let _ = live.events.send(RequestEvent::Finished {
                         reason,
                         num_prompt_tokens: seq.num_prompt_tokens,

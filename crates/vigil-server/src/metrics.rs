@@ -30,16 +30,37 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cum = 0;
-        for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
-            cum += self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
-        }
-        cum += self.buckets[LATENCY_BUCKETS.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
         let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cum}");
+        write_buckets(out, name, "", &LATENCY_BUCKETS, &self.buckets, sum);
     }
+}
+
+/// One histogram series: cumulative `_bucket` lines for `bounds` (then `+Inf`, the last count),
+/// `_sum` and `_count`. `label` is `key="value",` or empty.
+fn write_buckets(
+    out: &mut String,
+    name: &str,
+    label: &str,
+    bounds: &[f64],
+    counts: &[AtomicU64],
+    sum: f64,
+) {
+    let mut cum = 0;
+    for (i, count) in counts.iter().enumerate() {
+        cum += count.load(Ordering::Relaxed);
+        match bounds.get(i) {
+            Some(b) => writeln!(out, "{name}_bucket{{{label}le=\"{b}\"}} {cum}"),
+            None => writeln!(out, "{name}_bucket{{{label}le=\"+Inf\"}} {cum}"),
+        }
+        .ok();
+    }
+    let label = label.trim_end_matches(',');
+    let braces = if label.is_empty() {
+        String::new()
+    } else {
+        format!("{{{label}}}")
+    };
+    let _ = writeln!(out, "{name}_sum{braces} {sum}\n{name}_count{braces} {cum}");
 }
 
 /// How a request ended, for `vigil_requests_total{status=...}` and `/health`.
@@ -142,7 +163,7 @@ impl ServerMetrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
         }
-        let queried = l(&engine.prefix_queried_tokens);
+        let queried = l(&engine.prompt_tokens);
         let hit_rate = if queried == 0 {
             0.0
         } else {
@@ -224,15 +245,15 @@ impl ServerMetrics {
                 l(&engine.decode_step_ns),
             ),
         ] {
-            let mut cum = 0;
-            for (i, b) in STEP_BUCKETS.iter().enumerate() {
-                cum += buckets[i].load(Ordering::Relaxed);
-                let _ = writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"{b}\"}} {cum}");
-            }
-            cum += buckets[STEP_BUCKETS.len()].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"+Inf\"}} {cum}");
-            let _ = writeln!(out, "{name}_sum{{kind=\"{kind}\"}} {}", sum_ns as f64 / 1e9);
-            let _ = writeln!(out, "{name}_count{{kind=\"{kind}\"}} {cum}");
+            let label = format!("kind=\"{kind}\",");
+            write_buckets(
+                &mut out,
+                name,
+                &label,
+                &STEP_BUCKETS,
+                buckets,
+                sum_ns as f64 / 1e9,
+            );
         }
         out
     }

@@ -62,24 +62,28 @@ pub fn check_session_header(headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Whether the request carries `key` as `Authorization: Bearer` or `x-api-key` (compared in
+/// constant time).
+pub fn has_key(h: &HeaderMap, key: &str) -> bool {
+    let bearer = h
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        });
+    let x_api_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
+    let matches =
+        |given: Option<&str>| given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())));
+    matches(bearer) || matches(x_api_key)
+}
+
 async fn authenticate(State(state): State<SharedState>, req: Request, next: Next) -> Response {
     state.metrics.connections.fetch_add(1, Ordering::Relaxed);
     let path = req.uri().path();
     let open = matches!(path, "/health" | "/healthz");
     if let (Some(key), false) = (&state.config.api_key, open) {
-        let h = req.headers();
-        let bearer = h
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            });
-        let x_api_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
-        let matches = |given: Option<&str>| {
-            given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())))
-        };
-        if !(matches(bearer) || matches(x_api_key)) {
+        if !has_key(req.headers(), key) {
             let flavor = if path.starts_with("/v1/messages") {
                 Flavor::Anthropic
             } else {

@@ -221,17 +221,9 @@ fn loading_router(info: Arc<Loading>) -> Router {
     use axum::http::HeaderMap;
     type S = State<Arc<Loading>>;
     let authorized = |info: &Loading, h: &HeaderMap| {
-        let Some(key) = &info.api_key else {
-            return true;
-        };
-        let given = h
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()));
-        given.is_some_and(|g| {
-            bool::from(subtle::ConstantTimeEq::ct_eq(g.as_bytes(), key.as_bytes()))
-        })
+        info.api_key
+            .as_deref()
+            .is_none_or(|key| crate::routes::has_key(h, key))
     };
     let health = |State(info): S| async move {
         let body = crate::routes::health_json(false, info.started, None);
