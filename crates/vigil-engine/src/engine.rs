@@ -3,10 +3,11 @@
 
 use crate::block_table::{OutOfBlocks, SharedBlockPool};
 use crate::model_runner::ModelRunner;
+use crate::pins::{PinSave, PinStore, PinUse};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::sequence::{FinishReason, Priority, SeqId, SeqStatus, Sequence, StopCriteria};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// One token produced for one sequence in a step.
 #[derive(Debug, Clone)]
@@ -32,6 +33,8 @@ pub struct LlmEngine {
     pub scheduler: Scheduler,
     pub seqs: HashMap<SeqId, Sequence>,
     pub last_step: StepStats,
+    /// Session KV held between requests.
+    pub pins: PinStore,
     next_id: SeqId,
     logits_row: Vec<f32>,
 }
@@ -45,6 +48,7 @@ impl LlmEngine {
             scheduler: Scheduler::new(config),
             seqs: HashMap::new(),
             last_step: StepStats::default(),
+            pins: PinStore::default(),
             next_id: 1,
             logits_row: Vec::new(),
         }
@@ -69,19 +73,68 @@ impl LlmEngine {
         stop: StopCriteria,
         priority: Priority,
     ) -> SeqId {
+        self.add_sequence(prompt, params, stop, priority, None)
+    }
+
+    /// Queue a request, starting from a fork of `pin`'s KV when it shares a prefix with the
+    /// prompt (those tokens count as cached and are not computed again).
+    pub fn add_sequence(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        stop: StopCriteria,
+        priority: Priority,
+        pin: Option<PinUse>,
+    ) -> SeqId {
         let id = self.next_id;
         self.next_id += 1;
         let mut seq = Sequence::new(id, prompt, params, stop);
         seq.priority = priority;
+        if let Some(p) = pin {
+            seq.table = self.pins.fork_for(p.key, &seq.token_ids);
+            seq.pin = Some(p);
+        }
         self.seqs.insert(id, seq);
         self.scheduler.add(id);
         id
     }
 
-    /// Drop a sequence and free its blocks at once.
+    /// Drop a sequence and free its blocks at once (saving its computed KV to its pin first
+    /// when it asked for that).
     pub fn abort(&mut self, id: SeqId) {
         self.scheduler.remove(id);
-        self.seqs.remove(&id);
+        if let Some(mut seq) = self.seqs.remove(&id) {
+            if seq.pin.is_some_and(|p| p.save_on_abort) {
+                self.save_to_pin(&mut seq);
+            }
+        }
+    }
+
+    /// Replace the sequence's pin with its KV: the tokens its `PinSave` keeps, cut to what
+    /// has KV.
+    fn save_to_pin(&mut self, seq: &mut Sequence) {
+        let (Some(pin), Some(mut table)) = (seq.pin, seq.table.take()) else {
+            return;
+        };
+        let Some(save) = pin.save else {
+            return;
+        };
+        let keep = match save {
+            PinSave::Prompt => seq.num_prompt_tokens,
+            PinSave::All => seq.token_ids.len(),
+        };
+        // A table can hold slots for tokens a step has not computed yet only inside `step`.
+        let computed = seq.num_computed_tokens.min(table.num_tokens());
+        table.truncate(computed.min(keep));
+        let tokens = seq.token_ids[..keep].to_vec();
+        self.pins.save(pin.key, tokens, table);
+    }
+
+    /// Pins that a live sequence was forked from or will save to: never evicted.
+    fn busy_pins(&self) -> HashSet<u64> {
+        (self.seqs.values())
+            .filter_map(|s| s.pin.map(|p| p.key))
+            .collect()
     }
 
     pub fn has_work(&self) -> bool {
@@ -111,6 +164,12 @@ impl LlmEngine {
     pub fn step(&mut self) -> Result<Vec<TokenOutput>, OutOfBlocks> {
         let plan = self.scheduler.schedule(&mut self.seqs, &self.pool);
         self.last_step = StepStats::default();
+        let stuck = plan.seqs.is_empty() && self.scheduler.num_waiting() > 0;
+        if stuck || !plan.preempted.is_empty() {
+            // Memory pressure: idle sessions give back their KV before requests are starved.
+            let busy = self.busy_pins();
+            self.pins.evict_idle(&busy);
+        }
         if plan.seqs.is_empty() {
             return Ok(Vec::new());
         }
@@ -139,7 +198,6 @@ impl LlmEngine {
             let finished = seq.check_stop();
             if let Some(reason) = finished {
                 seq.status = SeqStatus::Finished(reason);
-                seq.table = None;
                 self.scheduler.remove(id);
             }
             outputs.push(TokenOutput {
@@ -150,15 +208,23 @@ impl LlmEngine {
                 finished,
             });
         }
+        for out in &outputs {
+            if out.finished.is_some() {
+                if let Some(mut seq) = self.seqs.remove(&out.seq_id) {
+                    self.save_to_pin(&mut seq);
+                    seq.table = None;
+                    self.seqs.insert(out.seq_id, seq);
+                }
+            }
+        }
         Ok(outputs)
     }
 
     /// Check the block-accounting invariant against every live table.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let tables: Vec<_> = self
-            .seqs
-            .values()
+        let tables: Vec<_> = (self.seqs.values())
             .filter_map(|s| s.table.as_ref())
+            .chain(self.pins.tables())
             .collect();
         self.pool.check_invariants(&tables)
     }

@@ -5,12 +5,13 @@
 
 use crate::constraint::TokenConstraint;
 use crate::engine::LlmEngine;
+use crate::pins::{PinKey, PinUse};
 use crate::sampling::SamplingParams;
-use crate::sequence::{FinishReason, SeqId, StopCriteria};
+use crate::sequence::{FinishReason, Priority, SeqId, StopCriteria};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc as tokio_mpsc;
 
@@ -20,6 +21,23 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     pub stop: StopCriteria,
     pub constraint: Option<Box<dyn TokenConstraint>>,
+    pub priority: Priority,
+    /// Start from (and maybe save to) a session's pinned KV.
+    pub pin: Option<PinUse>,
+}
+
+impl GenerateRequest {
+    /// A foreground request with no constraint and no pin.
+    pub fn new(prompt: Vec<u32>, params: SamplingParams, stop: StopCriteria) -> Self {
+        GenerateRequest {
+            prompt,
+            params,
+            stop,
+            constraint: None,
+            priority: Priority::Foreground,
+            pin: None,
+        }
+    }
 }
 
 /// One event of a request's life, in order: tokens, then exactly one `Finished`.
@@ -52,6 +70,10 @@ enum Command {
     Abort {
         request_id: u64,
     },
+    /// Release a session's pinned KV.
+    DropPin {
+        key: PinKey,
+    },
 }
 
 /// Counters the engine publishes after every step; the HTTP side reads them without locks.
@@ -78,6 +100,9 @@ pub struct EngineStats {
     /// Requests submitted and not yet finished (queued or running).
     pub in_flight: AtomicUsize,
     pub step_ns_buckets: StepHistogram,
+    /// Session pins and the pin tables dropped under memory pressure.
+    pub pins: AtomicUsize,
+    pub pin_evictions: AtomicU64,
 }
 
 /// Step durations by kind, in fixed buckets (seconds), for the Prometheus histogram.
@@ -103,6 +128,8 @@ pub struct EngineHandle {
     commands: mpsc::Sender<Command>,
     next_request_id: Arc<AtomicU64>,
     pub stats: Arc<EngineStats>,
+    /// Each pin's resident KV tokens, as of the last step.
+    pub pin_kv: Arc<Mutex<HashMap<PinKey, usize>>>,
 }
 
 /// A submitted request's events. Dropping it aborts the request if it has not finished.
@@ -154,14 +181,16 @@ impl EngineHandle {
     {
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(EngineStats::default());
-        let thread_stats = stats.clone();
+        let pin_kv = Arc::new(Mutex::new(HashMap::new()));
+        let (thread_stats, thread_pins) = (stats.clone(), pin_kv.clone());
         std::thread::Builder::new()
             .name("vigil-engine".into())
-            .spawn(move || EngineLoop::new(build(), rx, thread_stats).run())?;
+            .spawn(move || EngineLoop::new(build(), rx, thread_stats, thread_pins).run())?;
         Ok(EngineHandle {
             commands: tx,
             next_request_id: Arc::new(AtomicU64::new(1)),
             stats,
+            pin_kv,
         })
     }
 
@@ -185,6 +214,19 @@ impl EngineHandle {
             finished: false,
         })
     }
+
+    /// Release a session's pinned KV (a no-op for an unknown key).
+    pub fn drop_pin(&self, key: PinKey) -> Result<(), EngineGone> {
+        self.commands
+            .send(Command::DropPin { key })
+            .map_err(|_| EngineGone)
+    }
+
+    /// Resident KV tokens of a pin, as of the last step (0 when unknown or evicted).
+    pub fn pin_kv_tokens(&self, key: PinKey) -> usize {
+        let map = self.pin_kv.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&key).copied().unwrap_or(0)
+    }
 }
 
 struct Live {
@@ -200,10 +242,16 @@ struct EngineLoop {
     live: HashMap<u64, Live>,
     by_seq: HashMap<SeqId, u64>,
     disconnected: bool,
+    pin_kv: Arc<Mutex<HashMap<PinKey, usize>>>,
 }
 
 impl EngineLoop {
-    fn new(engine: LlmEngine, commands: mpsc::Receiver<Command>, stats: Arc<EngineStats>) -> Self {
+    fn new(
+        engine: LlmEngine,
+        commands: mpsc::Receiver<Command>,
+        stats: Arc<EngineStats>,
+        pin_kv: Arc<Mutex<HashMap<PinKey, usize>>>,
+    ) -> Self {
         let me = EngineLoop {
             engine,
             commands,
@@ -211,6 +259,7 @@ impl EngineLoop {
             live: HashMap::new(),
             by_seq: HashMap::new(),
             disconnected: false,
+            pin_kv,
         };
         me.publish();
         me
@@ -251,9 +300,13 @@ impl EngineLoop {
                 request,
                 events,
             } => {
-                let seq_id = self
-                    .engine
-                    .add_request(request.prompt, request.params, request.stop);
+                let seq_id = self.engine.add_sequence(
+                    request.prompt,
+                    request.params,
+                    request.stop,
+                    request.priority,
+                    request.pin,
+                );
                 if let Some(seq) = self.engine.seqs.get_mut(&seq_id) {
                     seq.constraint = request.constraint;
                 }
@@ -268,6 +321,9 @@ impl EngineLoop {
                 );
             }
             Command::Abort { request_id } => self.abort(request_id),
+            Command::DropPin { key } => {
+                self.engine.pins.remove(key);
+            }
         }
     }
 
@@ -384,5 +440,12 @@ impl EngineLoop {
             .store(self.engine.scheduler.running.len(), Ordering::Relaxed);
         st.preemptions
             .store(self.engine.scheduler.num_preemptions, Ordering::Relaxed);
+        let pins = &self.engine.pins;
+        st.pins.store(pins.len(), Ordering::Relaxed);
+        st.pin_evictions
+            .store(pins.num_evictions, Ordering::Relaxed);
+        let mut map = self.pin_kv.lock().unwrap_or_else(|e| e.into_inner());
+        map.clear();
+        map.extend(pins.kv_tokens());
     }
 }

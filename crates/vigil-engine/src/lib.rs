@@ -8,6 +8,7 @@ pub mod constraint;
 pub mod engine;
 pub mod engine_thread;
 pub mod model_runner;
+pub mod pins;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;

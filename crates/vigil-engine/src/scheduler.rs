@@ -248,34 +248,41 @@ impl Scheduler {
             if st.budget == 0 {
                 return;
             }
-            let Some(seq) = seqs.get(&id) else {
+            let Some(seq) = seqs.get_mut(&id) else {
                 continue;
             };
+            // A sequence forked from a session pin arrives with its table; it waits holding
+            // only shared blocks, so it must get the table back if it is not admitted now.
+            let seeded = seq.table.take();
+            let was_seeded = seeded.is_some();
             // A preempted sequence looks up its output too: recompute then is mostly hits.
-            let table = if self.config.enable_prefix_cache {
-                pool.table_with_prefix(&seq.token_ids, 0)
-            } else {
-                pool.new_table(0)
+            let table = match seeded {
+                Some(t) => t,
+                None if self.config.enable_prefix_cache => {
+                    pool.table_with_prefix(&seq.token_ids, 0)
+                }
+                None => pool.new_table(0),
             };
             let cached = table.num_tokens();
             let n = (seq.num_tokens() - cached).min(st.budget);
             let new_blocks = table.blocks_needed(n);
             let blocks = |st: &StepState| new_blocks + st.reserved_blocks() + watermark;
             if !self.fits(blocks(st), pool) {
-                if !self.room_below(class_, blocks(st), seqs, pool) {
-                    st.admission_closed = true;
-                    return; // `table` drops here, releasing its prefix hits.
-                }
-                while !self.fits(blocks(st), pool) {
+                let mut admitted = self.room_below(class_, blocks(st), seqs, pool);
+                while admitted && !self.fits(blocks(st), pool) {
                     match self.lowest_running(seqs) {
                         Some(victim) if class(seqs, victim) < class_ => {
                             self.preempt(victim, st, seqs)
                         }
-                        _ => {
-                            st.admission_closed = true;
-                            return;
-                        }
+                        _ => admitted = false,
                     }
+                }
+                if !admitted {
+                    st.admission_closed = true;
+                    if let (true, Some(seq)) = (was_seeded, seqs.get_mut(&id)) {
+                        seq.table = Some(table);
+                    }
+                    return; // Otherwise `table` drops here, releasing its prefix hits.
                 }
             }
             let Some(seq) = seqs.get_mut(&id) else {

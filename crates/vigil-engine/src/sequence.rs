@@ -4,6 +4,7 @@
 
 use crate::block_table::BlockTable;
 use crate::constraint::{apply_mask, TokenConstraint};
+use crate::pins::PinUse;
 use crate::sampling::{SampleOutput, Sampler, SamplingParams};
 
 pub type SeqId = u64;
@@ -76,6 +77,8 @@ pub struct Sequence {
     pub constraint: Option<Box<dyn TokenConstraint>>,
     /// The constraint allowed no token at some step: the sequence ends there.
     pub constraint_dead_end: bool,
+    /// The session pin this sequence was forked from and may save to (see `pins.rs`).
+    pub pin: Option<PinUse>,
 }
 
 impl Sequence {
@@ -97,6 +100,7 @@ impl Sequence {
             promoted: false,
             constraint: None,
             constraint_dead_end: false,
+            pin: None,
         }
     }
 

@@ -34,6 +34,8 @@ fn request(i: u32, max_tokens: usize) -> GenerateRequest {
             ignore_eos: true,
         },
         constraint: None,
+        priority: Default::default(),
+        pin: None,
     }
 }
 

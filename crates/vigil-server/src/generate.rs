@@ -12,12 +12,27 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use vigil_engine::constraint::ForcedToolCall;
 use vigil_engine::engine_thread::{GenerateRequest, RequestEvent};
+use vigil_engine::pins::PinUse;
 use vigil_engine::sampling::SamplingParams;
-use vigil_engine::sequence::{FinishReason, StopCriteria};
+use vigil_engine::sequence::{FinishReason, Priority, StopCriteria};
 use vigil_model::tokenizer::IncrementalDetokenizer;
 
-/// Everything a route decided about one generation.
+/// What a finished request produced, for a caller that keeps state (a session).
 #[derive(Debug, Clone)]
+pub struct Finished {
+    pub reason: FinishReason,
+    /// Ended by a stop string (the engine aborted the sequence there).
+    pub by_stop_string: bool,
+    pub output_ids: Vec<u32>,
+    /// The first generated token's top alternatives (when `top_logprobs` asked for them).
+    pub first_top: Vec<(u32, f32)>,
+}
+
+/// Called once when a request ends: `Some` when it finished, `None` when it was cancelled or
+/// failed. Whatever it captures (a session's busy guard) is released when it has run.
+pub type FinishHook = Box<dyn FnOnce(Option<Finished>) + Send>;
+
+/// Everything a route decided about one generation.
 pub struct GenParams {
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
@@ -29,6 +44,28 @@ pub struct GenParams {
     pub want_token_text: bool,
     /// Constrain the output to a well-formed forced tool call.
     pub forced_call: Option<crate::output::ForcedCall>,
+    pub priority: Priority,
+    /// Run on (and maybe save to) a session's KV.
+    pub pin: Option<PinUse>,
+    pub on_finish: Option<FinishHook>,
+}
+
+impl GenParams {
+    /// A plain foreground request: no stop strings, no constraint, no session.
+    pub fn new(prompt: Vec<u32>, sampling: SamplingParams, max_tokens: Option<usize>) -> Self {
+        GenParams {
+            prompt,
+            sampling,
+            max_tokens,
+            stop_strings: Vec::new(),
+            ignore_eos: false,
+            want_token_text: false,
+            forced_call: None,
+            priority: Priority::Foreground,
+            pin: None,
+            on_finish: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -87,7 +124,15 @@ pub fn start(
     let context_capped = params.max_tokens.is_none_or(|m| m > room);
     let stats = &state.engine.stats;
     let capacity = state.config.max_seqs + state.config.max_queue;
-    if stats.in_flight.load(Ordering::Relaxed) >= capacity {
+    let background = state.metrics.background_in_flight.load(Ordering::Relaxed);
+    let foreground = params.priority == Priority::Foreground;
+    if foreground
+        && stats
+            .in_flight
+            .load(Ordering::Relaxed)
+            .saturating_sub(background)
+            >= capacity
+    {
         state
             .metrics
             .requests_rejected_overload
@@ -119,12 +164,22 @@ pub fn start(
             params: params.sampling,
             stop,
             constraint,
+            priority: params.priority,
+            pin: params.pin,
         })
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    state
-        .metrics
-        .requests_started
-        .fetch_add(1, Ordering::Relaxed);
+    if foreground {
+        state
+            .metrics
+            .requests_started
+            .fetch_add(1, Ordering::Relaxed);
+    } else {
+        state
+            .metrics
+            .background_in_flight
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    let on_finish = params.on_finish;
     let (tx, rx) = mpsc::unbounded_channel();
     let state = state.clone();
     let arrived = Instant::now();
@@ -136,10 +191,21 @@ pub fn start(
             want_token_text: params.want_token_text,
             context_capped,
             arrived,
+            foreground,
         };
-        let outcome = drive(&state, stream, tx, ctx).await;
-        state.metrics.record(outcome);
-        state.metrics.e2e.observe(arrived.elapsed().as_secs_f64());
+        let (outcome, finished) = drive(&state, stream, tx, ctx).await;
+        if let Some(hook) = on_finish {
+            hook(finished);
+        }
+        if foreground {
+            state.metrics.record(outcome);
+            state.metrics.e2e.observe(arrived.elapsed().as_secs_f64());
+        } else {
+            state
+                .metrics
+                .background_in_flight
+                .fetch_sub(1, Ordering::Relaxed);
+        }
     });
     Ok(rx)
 }
@@ -151,6 +217,8 @@ struct DriveCtx {
     want_token_text: bool,
     context_capped: bool,
     arrived: Instant,
+    /// Record latency metrics (background work would skew the client-facing figures).
+    foreground: bool,
 }
 
 async fn drive(
@@ -158,7 +226,7 @@ async fn drive(
     mut stream: vigil_engine::engine_thread::RequestStream,
     tx: mpsc::UnboundedSender<GenEvent>,
     ctx: DriveCtx,
-) -> Outcome {
+) -> (Outcome, Option<Finished>) {
     let tokenizer = state.tokenizer.clone();
     let mut detok = IncrementalDetokenizer::new(&tokenizer, &ctx.prompt_tail, true);
     let mut stops = StopMatcher::new(ctx.stop_strings.clone());
@@ -168,14 +236,16 @@ async fn drive(
     let mut num_tokens = 0usize;
     let mut last_token_at: Option<Instant> = None;
     let mut pending_tokens: Vec<TokenInfo> = Vec::new();
+    let mut output_ids: Vec<u32> = Vec::new();
+    let mut first_top: Vec<(u32, f32)> = Vec::new();
     loop {
         let event = tokio::select! {
             ev = stream.next() => ev,
-            _ = tx.closed() => return Outcome::Cancelled,
+            _ = tx.closed() => return (Outcome::Cancelled, None),
         };
         let Some(event) = event else {
             let _ = tx.send(GenEvent::Failed(ApiError::internal("the engine stopped")));
-            return Outcome::ServerError;
+            return (Outcome::ServerError, None);
         };
         match event {
             RequestEvent::Admitted { num_cached_tokens } => cached_tokens = num_cached_tokens,
@@ -185,17 +255,22 @@ async fn drive(
                 top_logprobs,
             } => {
                 let now = Instant::now();
-                match last_token_at {
-                    None => state.metrics.ttft.observe((now - arrived).as_secs_f64()),
-                    Some(t) => state.metrics.inter_token.observe((now - t).as_secs_f64()),
+                match (ctx.foreground, last_token_at) {
+                    (false, _) => {}
+                    (true, None) => state.metrics.ttft.observe((now - arrived).as_secs_f64()),
+                    (true, Some(t)) => state.metrics.inter_token.observe((now - t).as_secs_f64()),
                 }
                 last_token_at = Some(now);
                 num_tokens += 1;
+                if output_ids.is_empty() {
+                    first_top.clone_from(&top_logprobs);
+                }
+                output_ids.push(token);
                 let piece = match detok.push(token) {
                     Ok(p) => p,
                     Err(e) => {
                         let _ = tx.send(GenEvent::Failed(ApiError::internal(e.to_string())));
-                        return Outcome::ServerError;
+                        return (Outcome::ServerError, None);
                     }
                 };
                 if want_token_text {
@@ -215,7 +290,13 @@ async fn drive(
                             completion_tokens: num_tokens,
                         },
                     });
-                    return Outcome::Ok;
+                    let finished = Finished {
+                        reason: FinishReason::Stop,
+                        by_stop_string: true,
+                        output_ids,
+                        first_top,
+                    };
+                    return (Outcome::Ok, Some(finished));
                 }
                 if (!text.is_empty() || !pending_tokens.is_empty())
                     && tx
@@ -225,7 +306,7 @@ async fn drive(
                         })
                         .is_err()
                 {
-                    return Outcome::Cancelled;
+                    return (Outcome::Cancelled, None);
                 }
             }
             RequestEvent::Finished {
@@ -256,11 +337,17 @@ async fn drive(
                         completion_tokens: num_output_tokens,
                     },
                 });
-                return Outcome::Ok;
+                let finished = Finished {
+                    reason,
+                    by_stop_string: false,
+                    output_ids,
+                    first_top,
+                };
+                return (Outcome::Ok, Some(finished));
             }
             RequestEvent::Failed(msg) => {
                 let _ = tx.send(GenEvent::Failed(ApiError::internal(msg)));
-                return Outcome::ServerError;
+                return (Outcome::ServerError, None);
             }
         }
     }

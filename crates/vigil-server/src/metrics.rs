@@ -2,7 +2,7 @@
 //! exposition of them together with the engine's published `EngineStats`.
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use vigil_engine::engine_thread::{EngineStats, STEP_BUCKETS};
 
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -74,6 +74,8 @@ pub enum Outcome {
 
 #[derive(Debug, Default)]
 pub struct ServerMetrics {
+    /// Background requests (flash evaluations, ingest, warm) submitted and not yet finished.
+    pub background_in_flight: AtomicUsize,
     pub requests_started: AtomicU64,
     pub requests_ok: AtomicU64,
     pub requests_client_error: AtomicU64,

@@ -131,6 +131,9 @@ async fn handle(
             ignore_eos: req.ignore_eos.unwrap_or(false),
             want_token_text: false,
             forced_call: prompt.forced.clone(),
+            priority: vigil_engine::sequence::Priority::Foreground,
+            pin: None,
+            on_finish: None,
         },
     )
     .map_err(|e| {

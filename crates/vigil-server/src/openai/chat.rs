@@ -144,6 +144,9 @@ async fn handle(
             ignore_eos: req.ignore_eos.unwrap_or(false),
             want_token_text: logprobs,
             forced_call: plan.forced.clone(),
+            priority: vigil_engine::sequence::Priority::Foreground,
+            pin: None,
+            on_finish: None,
         },
     )?;
     let id = crate::ids::new_id("chatcmpl-");

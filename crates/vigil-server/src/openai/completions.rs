@@ -81,6 +81,9 @@ async fn handle(
             ignore_eos: req.ignore_eos.unwrap_or(false),
             want_token_text: logprobs.is_some(),
             forced_call: None,
+            priority: vigil_engine::sequence::Priority::Foreground,
+            pin: None,
+            on_finish: None,
         },
     )?;
     let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true);
