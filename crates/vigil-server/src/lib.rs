@@ -12,6 +12,7 @@ pub mod openai;
 pub mod output;
 pub mod prompt;
 pub mod routes;
+pub mod session;
 pub mod sse;
 pub mod startup;
 pub mod state;

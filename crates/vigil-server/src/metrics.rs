@@ -74,6 +74,16 @@ pub enum Outcome {
 
 #[derive(Debug, Default)]
 pub struct ServerMetrics {
+    pub flash_hits: AtomicU64,
+    pub flash_misses: AtomicU64,
+    pub flash_evaluations: AtomicU64,
+    pub flash_skipped: AtomicU64,
+    pub session_pushed_entries: AtomicU64,
+    pub session_ingested_entries: AtomicU64,
+    pub session_dropped_entries: AtomicU64,
+    /// Versions behind the session, summed over served flash answers.
+    pub flash_lag_versions: AtomicU64,
+    pub sessions_live: AtomicUsize,
     /// Background requests (flash evaluations, ingest, warm) submitted and not yet finished.
     pub background_in_flight: AtomicUsize,
     pub requests_started: AtomicU64,
@@ -116,7 +126,7 @@ impl ServerMetrics {
         ] {
             let _ = writeln!(out, "vigil_requests_total{{status=\"{status}\"}} {v}");
         }
-        let counters: [(&str, &str, u64); 9] = [
+        let counters: [(&str, &str, u64); 18] = [
             (
                 "vigil_prompt_tokens_total",
                 "Prompt tokens of finished requests.",
@@ -158,6 +168,51 @@ impl ServerMetrics {
                 "Requests accepted.",
                 l(&self.requests_started),
             ),
+            (
+                "vigil_flash_hits_total",
+                "Session generates answered from a flash query's cached answer.",
+                l(&self.flash_hits),
+            ),
+            (
+                "vigil_flash_misses_total",
+                "Session generates naming a flash query that had to generate.",
+                l(&self.flash_misses),
+            ),
+            (
+                "vigil_flash_evaluations_total",
+                "Flash query evaluations completed.",
+                l(&self.flash_evaluations),
+            ),
+            (
+                "vigil_flash_skipped_total",
+                "Data versions a flash query skipped because a newer one arrived first.",
+                l(&self.flash_skipped),
+            ),
+            (
+                "vigil_flash_lag_versions_total",
+                "Versions behind the session, summed over served flash answers.",
+                l(&self.flash_lag_versions),
+            ),
+            (
+                "vigil_session_pushed_entries_total",
+                "Entries accepted by session pushes.",
+                l(&self.session_pushed_entries),
+            ),
+            (
+                "vigil_session_ingested_entries_total",
+                "Session entries made KV-resident.",
+                l(&self.session_ingested_entries),
+            ),
+            (
+                "vigil_session_dropped_entries_total",
+                "Session entries dropped (queue overflow, or a batch that could not run).",
+                l(&self.session_dropped_entries),
+            ),
+            (
+                "vigil_kv_pin_evictions_total",
+                "Idle sessions' KV released under memory pressure.",
+                l(&engine.pin_evictions),
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(
@@ -178,7 +233,12 @@ impl ServerMetrics {
             l(&engine.prefill_tokens) as f64 / prefill_steps as f64
         };
         let u = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed) as f64;
-        let gauges: [(&str, &str, f64); 7] = [
+        let gauges: [(&str, &str, f64); 8] = [
+            (
+                "vigil_sessions_live",
+                "Live sessions.",
+                u(&self.sessions_live),
+            ),
             (
                 "vigil_queue_depth",
                 "Requests waiting to be admitted.",

@@ -35,6 +35,31 @@ pub fn router(state: SharedState) -> Router {
             "/v1/messages/count_tokens",
             post(crate::anthropic::messages::count_tokens),
         )
+        .route(
+            "/v1/sessions",
+            post(crate::session::routes::create).get(crate::session::routes::list),
+        )
+        .route(
+            "/v1/sessions/{id}",
+            get(crate::session::routes::get).delete(crate::session::routes::delete),
+        )
+        .route("/v1/sessions/{id}/push", post(crate::session::routes::push))
+        .route("/v1/sessions/{id}/data", get(crate::session::routes::data))
+        .route(
+            "/v1/sessions/{id}/generate",
+            post(crate::session::generate::generate),
+        )
+        .route("/v1/sessions/{id}/warm", post(crate::session::turn::warm))
+        .route(
+            "/v1/sessions/{id}/flash",
+            post(crate::session::routes::add_flash).get(crate::session::routes::list_flash),
+        )
+        .route(
+            "/v1/sessions/{id}/flash/{fid}",
+            axum::routing::delete(crate::session::routes::delete_flash),
+        )
+        .route("/v1/sessions/{id}/events", get(crate::session::stream::events))
+        .route("/v1/sessions/{id}/ws", get(crate::session::stream::ws))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::max(limit))
@@ -52,12 +77,13 @@ pub fn error_response(state: &SharedState, err: ApiError) -> Response {
     err.into_response()
 }
 
-/// Sessions arrive with the sessions API; until then a bound turn names a session that does
-/// not exist.
-pub fn check_session_header(headers: &HeaderMap) -> Result<(), ApiError> {
-    if let Some(v) = headers.get("x-layerscale-session-id") {
-        let id = v.to_str().unwrap_or("?");
-        return Err(ApiError::not_found(format!("session `{id}` not found")));
+/// Session turns are chat-shaped; a raw completion cannot be one.
+pub fn refuse_session_header(headers: &HeaderMap) -> Result<(), ApiError> {
+    if headers.contains_key(crate::session::turn::SESSION_HEADER) {
+        return Err(ApiError::invalid(
+            crate::session::turn::SESSION_HEADER,
+            "session turns run on /v1/chat/completions and /v1/messages, not /v1/completions",
+        ));
     }
     Ok(())
 }

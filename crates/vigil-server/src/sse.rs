@@ -41,3 +41,9 @@ pub fn event_stream(rx: UnboundedReceiver<String>) -> Response {
         None => format!("data: {item}\n\n"),
     })
 }
+
+/// Frames written exactly as given (each item is whole SSE text: `id:`/`event:`/`data:` lines
+/// or a `: comment`, ending in a blank line).
+pub fn raw_stream(rx: UnboundedReceiver<String>) -> Response {
+    sse_response(rx, |frame| frame)
+}

@@ -96,8 +96,14 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
         .store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("ready: serving `{}` on http://{addr}", state.model_id);
     let listener = tokio::net::TcpListener::from_std(listener)?;
+    tokio::spawn(crate::session::run_reaper(state.clone()));
+    let closing = state.clone();
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            // Event streams never end on their own: close them so shutdown can finish.
+            closing.sessions.close_streams();
+        })
         .await?;
     tracing::info!("shut down");
     Ok(())
@@ -191,7 +197,9 @@ fn build_state(
     };
     let engine =
         EngineHandle::spawn(move || LlmEngine::new(ModelRunner::new(model, kv), scheduler))?;
+    let sessions = crate::session::SessionRegistry::new(config.session_ttl, config.max_sessions);
     Ok(Arc::new(AppState {
+        sessions,
         engine,
         tokenizer: Arc::new(tokenizer),
         template: chat_template.map(Arc::new),

@@ -18,6 +18,10 @@ pub struct ServerConfig {
     /// Requests waiting beyond the running ones; past it new requests get 503.
     pub max_queue: usize,
     pub max_seqs: usize,
+    /// Sessions idle this long are deleted.
+    pub session_ttl: std::time::Duration,
+    /// Live sessions at most; creating one more is a 409.
+    pub max_sessions: usize,
 }
 
 pub struct AppState {
@@ -36,6 +40,7 @@ pub struct AppState {
     pub supports_thinking: bool,
     /// Each token's text alone, built on first use (constrained decoding).
     pub token_texts: std::sync::OnceLock<vigil_engine::constraint::TokenTexts>,
+    pub sessions: crate::session::SessionRegistry,
 }
 
 pub type SharedState = Arc<AppState>;

@@ -36,6 +36,12 @@ pub struct ServeArgs {
     /// Requests allowed to wait beyond `--max-seqs`; past it, 503 with `Retry-After`.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
+    /// Seconds a session may sit idle before it is deleted.
+    #[arg(long, default_value_t = 3600.0)]
+    session_ttl: f64,
+    /// Live sessions at most; creating one more is refused with 409.
+    #[arg(long, default_value_t = 256)]
+    max_sessions: usize,
     /// Turn the prefix cache off (to measure without it).
     #[arg(long)]
     no_prefix_cache: bool,
@@ -63,6 +69,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_body_bytes: args.max_body_bytes,
         max_queue: args.max_queue,
         max_seqs: args.max_seqs,
+        session_ttl: std::time::Duration::from_secs_f64(args.session_ttl),
+        max_sessions: args.max_sessions,
     };
     let opts = EngineOptions {
         model_path,

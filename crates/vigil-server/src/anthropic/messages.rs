@@ -99,7 +99,7 @@ async fn handle(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: MessagesRequest = parse_body(body, Flavor::Anthropic)?;
-    crate::routes::check_session_header(&headers)?;
+    let session = crate::session::turn::session_of(&state, &headers)?;
     let Some(max_tokens) = req.max_tokens else {
         return Err(ApiError::invalid("max_tokens", "`max_tokens` is required"));
     };
@@ -121,6 +121,14 @@ async fn handle(
     let thinking = state.supports_thinking.then_some(prompt.starts_in_thinking);
     let parser = OutputParser::new(thinking, tool_format, prompt.forced.as_ref());
     let num_prompt = prompt.ids.len();
+    let turn = match &session {
+        Some(s) => Some(crate::session::turn::begin(s, &prompt.ids).await?),
+        None => None,
+    };
+    let (pin, on_finish) = match turn {
+        Some(t) => (Some(t.pin), Some(t.on_finish)),
+        None => (None, None),
+    };
     let rx = generate::start(
         &state,
         GenParams {
@@ -132,8 +140,8 @@ async fn handle(
             want_token_text: false,
             forced_call: prompt.forced.clone(),
             priority: vigil_engine::sequence::Priority::Foreground,
-            pin: None,
-            on_finish: None,
+            pin,
+            on_finish,
         },
     )
     .map_err(|e| {

@@ -46,7 +46,7 @@ async fn handle(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(body, Flavor::OpenAi)?;
-    crate::routes::check_session_header(&headers)?;
+    let session = crate::session::turn::session_of(&state, &headers)?;
     let messages = template_messages(&req.messages)?;
     let mode = tool_mode(
         req.tool_choice.as_ref(),
@@ -134,6 +134,14 @@ async fn handle(
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         include_reasoning: req.include_reasoning.unwrap_or(true),
     };
+    let turn = match &session {
+        Some(s) => Some(crate::session::turn::begin(s, &prompt.ids).await?),
+        None => None,
+    };
+    let (pin, on_finish) = match turn {
+        Some(t) => (Some(t.pin), Some(t.on_finish)),
+        None => (None, None),
+    };
     let rx = generate::start(
         &state,
         GenParams {
@@ -145,8 +153,8 @@ async fn handle(
             want_token_text: logprobs,
             forced_call: plan.forced.clone(),
             priority: vigil_engine::sequence::Priority::Foreground,
-            pin: None,
-            on_finish: None,
+            pin,
+            on_finish,
         },
     )?;
     let id = crate::ids::new_id("chatcmpl-");

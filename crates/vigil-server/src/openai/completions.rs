@@ -34,7 +34,7 @@ async fn handle(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(body, Flavor::OpenAi)?;
-    crate::routes::check_session_header(&headers)?;
+    crate::routes::refuse_session_header(&headers)?;
     if req.suffix.is_some() {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }

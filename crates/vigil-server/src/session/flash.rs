@@ -1,0 +1,212 @@
+//! Flash queries: questions registered on a session and answered in the background after
+//! every ingested batch, so a `generate` asking one is answered at once.
+//!
+//! One evaluator task per session. It wakes on a new `data_version` (or a new query), and
+//! evaluates every query that is not yet current at the newest version only: versions that
+//! arrived while a round ran are skipped and counted, so evaluation never queues behind the
+//! stream. Each evaluation is a greedy `Background` request on a fork of the session's KV, the
+//! same rendering and sampling a cold `generate` with temperature 0 uses.
+
+use super::layout;
+use super::state::Session;
+use crate::generate::{self, GenParams};
+use crate::state::SharedState;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
+use vigil_engine::pins::PinUse;
+use vigil_engine::sampling::SamplingParams;
+use vigil_engine::sequence::Priority;
+
+pub const MAX_FLASH_QUERIES: usize = 20;
+pub const DEFAULT_FLASH_MAX_TOKENS: usize = 32;
+
+#[derive(Debug, Clone)]
+pub struct FlashAnswer {
+    pub value: String,
+    pub data_version: u64,
+    /// First-token logit gap (top-1 minus top-2).
+    pub confidence: f32,
+    pub evaluated_at: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct FlashQuery {
+    pub id: u64,
+    pub query: String,
+    pub max_tokens: usize,
+    pub tokens: usize,
+    pub answer: Option<FlashAnswer>,
+    pub evaluations: u64,
+    pub skipped: u64,
+    pub eval_ms: f64,
+}
+
+impl FlashQuery {
+    pub fn to_json(&self, session_version: u64) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": "session.flash_query",
+            "query": self.query,
+            "max_tokens": self.max_tokens,
+            "tokens": self.tokens,
+            "fresh": self.answer.as_ref().is_some_and(|a| a.data_version == session_version),
+            "evaluations": self.evaluations,
+            "skipped": self.skipped,
+        });
+        if let Some(a) = &self.answer {
+            v["value"] = json!(a.value);
+            v["data_version"] = json!(a.data_version);
+            v["confidence"] = json!(a.confidence);
+            v["evaluated_at"] = json!(a.evaluated_at);
+            v["lag"] = json!(session_version.saturating_sub(a.data_version));
+            v["eval_ms"] = json!(self.eval_ms);
+        }
+        v
+    }
+
+    /// The `flash_ready` event payload.
+    pub fn ready_event(&self) -> Option<Value> {
+        let a = self.answer.as_ref()?;
+        Some(json!({
+            "id": self.id,
+            "query": self.query,
+            "value": a.value,
+            "data_version": a.data_version,
+            "confidence": a.confidence,
+        }))
+    }
+}
+
+/// The logit gap between the two best first tokens, from their log-probabilities (the
+/// softmax normaliser cancels in the difference).
+pub fn logit_gap(top: &[(u32, f32)]) -> f32 {
+    match top {
+        [a, b, ..] => a.1 - b.1,
+        [_] => f32::MAX,
+        [] => 0.0,
+    }
+}
+
+/// The evaluator loop; ends when the session is deleted.
+pub async fn run_evaluator(state: SharedState, session: Arc<Session>) {
+    // The version each query was last evaluated at is on the query; this is the round's.
+    loop {
+        let wake = session.flash_wake.notified();
+        if session.is_deleted() {
+            return;
+        }
+        let due = due_queries(&session);
+        if due.is_empty() {
+            wake.await;
+            continue;
+        }
+        evaluate_round(&state, &session, due).await;
+    }
+}
+
+struct Due {
+    id: u64,
+    query: String,
+    max_tokens: usize,
+}
+
+fn due_queries(session: &Session) -> Vec<Due> {
+    let st = session.lock();
+    let v = st.data_version;
+    (st.flash.iter())
+        .filter(|q| q.answer.as_ref().is_none_or(|a| a.data_version < v))
+        .map(|q| Due {
+            id: q.id,
+            query: q.query.clone(),
+            max_tokens: q.max_tokens,
+        })
+        .collect()
+}
+
+async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Due>) {
+    let (mirror, version, layout) = {
+        let st = session.lock();
+        (st.mirror(), st.data_version, st.layout)
+    };
+    let prompt_text = session.settings.prompt.as_deref();
+    let Ok(wrap) = layout::question(state, layout, prompt_text, &Map::new()) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut waits = Vec::new();
+    for d in due {
+        let text = format!("{}{}{}", wrap.before, d.query, wrap.after);
+        let Ok(q_tokens) = state.tokenizer.encode(&text, false) else {
+            continue;
+        };
+        let mut prompt = mirror.clone();
+        prompt.extend(q_tokens);
+        let (tx, rx) = oneshot::channel();
+        let mut params = GenParams::new(prompt, greedy(2), Some(d.max_tokens));
+        params.priority = Priority::Background;
+        params.pin = Some(PinUse {
+            key: session.pin,
+            save: None,
+            save_on_abort: false,
+        });
+        params.on_finish = Some(Box::new(move |f| {
+            let _ = tx.send(f);
+        }));
+        match generate::start(state, params) {
+            Ok(events) => waits.push((d.id, events, rx)),
+            Err(e) => tracing::warn!(session = %session.id, "flash evaluation not started: {}", e.message),
+        }
+    }
+    for (id, mut events, rx) in waits {
+        let mut text = String::new();
+        while let Some(ev) = events.recv().await {
+            if let generate::GenEvent::Delta { text: t, .. } = ev {
+                text.push_str(&t);
+            }
+        }
+        let Ok(Some(finished)) = rx.await else {
+            continue;
+        };
+        state.metrics.flash_evaluations.fetch_add(1, Ordering::Relaxed);
+        let answer = FlashAnswer {
+            value: text,
+            data_version: version,
+            confidence: logit_gap(&finished.first_top),
+            evaluated_at: crate::ids::unix_now(),
+        };
+        let event = {
+            let mut st = session.lock();
+            let Some(q) = st.flash.iter_mut().find(|q| q.id == id) else {
+                continue;
+            };
+            let previous = q.answer.as_ref().map(|a| (a.data_version, a.value.clone()));
+            if previous.as_ref().is_some_and(|(v, _)| *v >= version) {
+                continue;
+            }
+            let skipped = previous.as_ref().map_or(0, |(v, _)| version.saturating_sub(v + 1));
+            q.skipped += skipped;
+            state.metrics.flash_skipped.fetch_add(skipped, Ordering::Relaxed);
+            q.evaluations += 1;
+            q.eval_ms = started.elapsed().as_secs_f64() * 1000.0;
+            let changed = previous.is_none_or(|(_, v)| v != answer.value);
+            q.answer = Some(answer);
+            changed.then(|| q.ready_event()).flatten()
+        };
+        if let Some(data) = event {
+            session.events.publish("flash_ready", data);
+        }
+    }
+    session.flash_done.send_modify(|n| *n += 1);
+}
+
+/// Greedy sampling that reports the first token's two best alternatives (for confidence).
+pub fn greedy(top_logprobs: u32) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        logprobs: Some(top_logprobs),
+        ..SamplingParams::default()
+    }
+}

@@ -1,0 +1,350 @@
+//! `POST /v1/sessions/{id}/generate`: a question against the session's durable context, on a
+//! copy-on-write fork of its KV (the session is left unchanged; several may run at once).
+//! Two shortcuts come first: a flash query's cached answer, and with `pre_decode` the
+//! speculative exit from the ready-position distribution.
+
+use super::flash::FlashAnswer;
+use super::layout;
+use super::state::Session;
+use crate::error::{ApiError, Flavor};
+use crate::extract::parse_body;
+use crate::generate::{self, Finish, GenEvent, GenParams, Usage};
+use crate::openai::params::{self, max_tokens};
+use crate::openai::types::{CommonParams, StopField};
+use crate::routes::error_response;
+use crate::state::SharedState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use vigil_engine::pins::PinUse;
+
+/// How long a generate demanding a fresher flash answer waits for the evaluation in flight.
+const FRESHNESS_WAIT: Duration = Duration::from_secs(120);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GenerateRequest {
+    prompt: Option<String>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    seed: Option<i64>,
+    ignore_eos: Option<bool>,
+    stop: Option<StopField>,
+    stream: Option<bool>,
+    fast_answer: Option<Vec<String>>,
+    gap_threshold: Option<f32>,
+    reasoning_effort: Option<String>,
+    chat_template_kwargs: Option<Map<String, Value>>,
+    /// Vigil: serve this flash query's answer.
+    flash_id: Option<u64>,
+    /// Vigil: `false` always generates.
+    use_flash: Option<bool>,
+    /// Vigil: a flash answer must be at least this version...
+    min_data_version: Option<u64>,
+    /// Vigil: ... or at most this many versions behind the session.
+    max_staleness: Option<u64>,
+}
+
+/// Decrements the session's foreground count when the request ends, however it ends.
+pub struct ForegroundGuard(pub Arc<Session>);
+
+impl ForegroundGuard {
+    pub fn new(session: Arc<Session>) -> Self {
+        session.lock().foreground += 1;
+        ForegroundGuard(session)
+    }
+}
+
+impl Drop for ForegroundGuard {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.foreground = st.foreground.saturating_sub(1);
+        st.touch();
+    }
+}
+
+pub async fn generate(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match generate_inner(&state, &id, body).await {
+        Ok(r) => r,
+        Err(e) => error_response(&state, e),
+    }
+}
+
+async fn generate_inner(
+    state: &SharedState,
+    id: &str,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let session = state.sessions.get(id)?;
+    let req: GenerateRequest = parse_body(body, Flavor::OpenAi)?;
+    let question = match req.prompt.as_deref() {
+        Some(p) if !p.is_empty() => p.to_string(),
+        _ => return Err(ApiError::invalid("prompt", "`prompt` is required and must not be empty")),
+    };
+    let common = CommonParams {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        seed: req.seed,
+        ..CommonParams::default()
+    };
+    let sampling = params::sampling_params(&common, state.tokenizer.vocab_size(), None)?;
+    let stop = params::stop_strings(&req.stop, "stop")?;
+    let max = max_tokens(req.max_tokens.or(req.max_completion_tokens), "max_tokens")?;
+    if let Some(g) = req.gap_threshold {
+        if !g.is_finite() || g < 0.0 {
+            return Err(ApiError::invalid("gap_threshold", "must be a non-negative number"));
+        }
+    }
+    let kwargs = crate::prompt::template_kwargs(
+        req.chat_template_kwargs.as_ref(),
+        req.reasoning_effort.as_deref(),
+        "chat_template_kwargs",
+    )?;
+    let opening = session.settings.prompt.as_deref();
+    let shortcuts = layout::default_generation_prompt(state, opening, &kwargs);
+    let stream = req.stream.unwrap_or(false);
+    let gen_id = crate::ids::new_id("gen-");
+
+    if shortcuts && req.use_flash != Some(false) {
+        let wanted = FlashWanted {
+            flash_id: req.flash_id,
+            query: &question,
+            min_data_version: req.min_data_version,
+            max_staleness: req.max_staleness,
+        };
+        if let Some(hit) = flash_answer(state, &session, wanted).await? {
+            return Ok(shortcut_response(&session, &gen_id, hit, stream));
+        }
+    } else if req.flash_id.is_some() && req.use_flash == Some(false) {
+        return Err(ApiError::invalid("flash_id", "`flash_id` cannot be combined with `use_flash: false`"));
+    }
+    if let (true, true, Some(cands)) = (shortcuts, session.settings.pre_decode, &req.fast_answer) {
+        if let Some(hit) = speculative(state, &session, cands, req.gap_threshold.unwrap_or(2.0)) {
+            return Ok(shortcut_response(&session, &gen_id, hit, stream));
+        }
+    }
+
+    let (mirror, version, layout_now) = {
+        let st = session.lock();
+        (st.mirror(), st.data_version, st.layout)
+    };
+    let wrap = layout::question(state, layout_now, opening, &kwargs)?;
+    let text = format!("{}{}{}", wrap.before, question, wrap.after);
+    let tokenizer = state.tokenizer.clone();
+    let q_tokens = tokio::task::spawn_blocking(move || tokenizer.encode(&text, false))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?;
+    let mut prompt = mirror;
+    prompt.extend(q_tokens);
+    let guard = ForegroundGuard::new(session.clone());
+    let mut gp = GenParams::new(prompt, sampling, max);
+    gp.stop_strings = stop;
+    gp.ignore_eos = req.ignore_eos.unwrap_or(false);
+    gp.pin = Some(PinUse { key: session.pin, save: None, save_on_abort: false });
+    gp.on_finish = Some(Box::new(move |_| drop(guard)));
+    let rx = generate::start(state, gp)?;
+    let head = json!({"id": gen_id, "object": "session.generation", "session_id": session.id, "data_version": version});
+    if stream {
+        Ok(stream_response(rx, head))
+    } else {
+        collect_response(rx, head).await
+    }
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+fn finish_reason(f: &Finish) -> &'static str {
+    match f {
+        Finish::Eos | Finish::StopString(_) => "stop",
+        Finish::Length { .. } => "length",
+    }
+}
+
+async fn collect_response(mut rx: mpsc::UnboundedReceiver<GenEvent>, mut head: Value) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            GenEvent::Delta { text: t, .. } => text.push_str(&t),
+            GenEvent::Done { finish, usage } => {
+                head["text"] = json!(text);
+                head["finish_reason"] = json!(finish_reason(&finish));
+                head["usage"] = usage_json(&usage);
+                return Ok(Json(head).into_response());
+            }
+            GenEvent::Failed(e) => return Err(e),
+        }
+    }
+    Err(ApiError::internal("the generation ended without a result"))
+}
+
+fn stream_response(mut rx: mpsc::UnboundedReceiver<GenEvent>, mut head: Value) -> Response {
+    let (tx, out) = mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            let frame = match ev {
+                GenEvent::Delta { text, .. } if text.is_empty() => continue,
+                GenEvent::Delta { text, .. } => json!({"text": text}).to_string(),
+                GenEvent::Done { finish, usage } => {
+                    head["done"] = json!(true);
+                    head["finish_reason"] = json!(finish_reason(&finish));
+                    head["usage"] = usage_json(&usage);
+                    head.to_string()
+                }
+                GenEvent::Failed(e) => e.body().to_string(),
+            };
+            if tx.send(frame).is_err() {
+                return; // The client left: dropping `rx` cancels the generation.
+            }
+        }
+        let _ = tx.send("[DONE]".into());
+    });
+    crate::sse::data_stream(out)
+}
+
+/// An answer served without generating.
+struct Shortcut {
+    text: String,
+    data_version: u64,
+    extra: Value,
+}
+
+fn shortcut_response(session: &Session, gen_id: &str, hit: Shortcut, stream: bool) -> Response {
+    let mut body = json!({
+        "id": gen_id,
+        "object": "session.generation",
+        "session_id": session.id,
+        "finish_reason": "stop",
+        "data_version": hit.data_version,
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0},
+    });
+    if let (Some(b), Some(extra)) = (body.as_object_mut(), hit.extra.as_object()) {
+        b.extend(extra.clone());
+    }
+    if !stream {
+        body["text"] = json!(hit.text);
+        return Json(body).into_response();
+    }
+    let (tx, out) = mpsc::unbounded_channel::<String>();
+    if !hit.text.is_empty() {
+        let _ = tx.send(json!({"text": hit.text}).to_string());
+    }
+    body["done"] = json!(true);
+    let _ = tx.send(body.to_string());
+    let _ = tx.send("[DONE]".into());
+    crate::sse::data_stream(out)
+}
+
+struct FlashWanted<'a> {
+    flash_id: Option<u64>,
+    query: &'a str,
+    min_data_version: Option<u64>,
+    max_staleness: Option<u64>,
+}
+
+/// The cached answer for the asked flash query, if one may be served: a fresh one, a stale one
+/// (marked) when the caller set no freshness bound, or one that meets the bound once the
+/// evaluation in flight ends. `None` means generate.
+async fn flash_answer(state: &SharedState, session: &Arc<Session>, w: FlashWanted<'_>) -> Result<Option<Shortcut>, ApiError> {
+    let demanded = w.min_data_version.is_some() || w.max_staleness.is_some();
+    let mut done = session.flash_done.subscribe();
+    let deadline = tokio::time::Instant::now() + FRESHNESS_WAIT;
+    loop {
+        let (found, current) = {
+            let st = session.lock();
+            let q = match w.flash_id {
+                Some(fid) => match st.flash.iter().find(|q| q.id == fid) {
+                    Some(q) => Some(q),
+                    None => return Err(ApiError::not_found(format!("flash query `{fid}` not found on session `{}`", session.id))),
+                },
+                None => st.flash.iter().find(|q| q.query == w.query),
+            };
+            let Some(q) = q else {
+                return Ok(None);
+            };
+            (q.answer.clone().map(|a| (q.id, a)), st.data_version)
+        };
+        let required = w
+            .min_data_version
+            .unwrap_or(0)
+            .max(w.max_staleness.map_or(0, |s| current.saturating_sub(s)));
+        match found {
+            Some((fid, a)) if !demanded || a.data_version >= required => {
+                state.metrics.flash_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(flash_shortcut(state, fid, a, current)));
+            }
+            _ if !demanded => {
+                state.metrics.flash_misses.fetch_add(1, Ordering::Relaxed);
+                return Ok(None);
+            }
+            _ => {}
+        }
+        if required > current {
+            return Err(ApiError::invalid(
+                "min_data_version",
+                format!("the session is at data_version {current}; `min_data_version` {required} has not been reached"),
+            ));
+        }
+        // Wait for the evaluation round in flight (the evaluator is already due to run).
+        session.flash_wake.notify_one();
+        if tokio::time::timeout_at(deadline, done.changed()).await.is_err() {
+            state.metrics.flash_misses.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+    }
+}
+
+fn flash_shortcut(state: &SharedState, fid: u64, a: FlashAnswer, current: u64) -> Shortcut {
+    let lag = current.saturating_sub(a.data_version);
+    state.metrics.flash_lag_versions.fetch_add(lag, Ordering::Relaxed);
+    Shortcut {
+        text: a.value,
+        data_version: a.data_version,
+        extra: json!({"flash": true, "flash_id": fid, "confidence": a.confidence, "lag": lag, "stale": lag > 0}),
+    }
+}
+
+/// With `pre_decode`: the candidate whose first token is the ready position's top choice, if
+/// its logit gap clears the threshold.
+fn speculative(state: &SharedState, session: &Session, candidates: &[String], threshold: f32) -> Option<Shortcut> {
+    let (token, gap, version) = {
+        let st = session.lock();
+        let (t, g) = st.ready?;
+        (t, g, st.data_version)
+    };
+    if gap < threshold {
+        return None;
+    }
+    let matching: Vec<&String> = (candidates.iter())
+        .filter(|c| state.tokenizer.encode(c, false).ok().and_then(|t| t.first().copied()) == Some(token))
+        .collect();
+    let [only] = matching.as_slice() else {
+        return None;
+    };
+    Some(Shortcut {
+        text: (*only).clone(),
+        data_version: version,
+        extra: json!({"speculative": true, "logit_gap": gap}),
+    })
+}

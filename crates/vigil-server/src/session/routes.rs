@@ -1,0 +1,253 @@
+//! HTTP handlers for session lifecycle, push, the data view and flash query registration.
+//! (`generate`, turns and warm, and the event streams have their own files.)
+
+use super::flash::{FlashQuery, DEFAULT_FLASH_MAX_TOKENS, MAX_FLASH_QUERIES};
+use super::ingest;
+use super::state::{Overflow, Session, SessionSettings};
+use super::{conflict, layout};
+use crate::error::{ApiError, Flavor};
+use crate::extract::parse_body;
+use crate::routes::error_response;
+use crate::state::SharedState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+pub const DEFAULT_MAX_PENDING: usize = 4096;
+pub const DEFAULT_MAX_PENDING_BYTES: usize = 4 << 20;
+
+type Body = Result<Bytes, BytesRejection>;
+
+fn respond(state: &SharedState, r: Result<Value, ApiError>) -> Response {
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => error_response(state, e),
+    }
+}
+
+pub fn session_json(state: &SharedState, s: &Session, last_used: u64) -> Value {
+    s.to_json(state.engine.pin_kv_tokens(s.pin), last_used)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateRequest {
+    id: Option<String>,
+    pre_decode: Option<bool>,
+    window: Option<i64>,
+    prompt: Option<String>,
+    overflow: Option<Overflow>,
+    max_pending: Option<i64>,
+    max_pending_bytes: Option<i64>,
+}
+
+fn positive(field: &str, v: Option<i64>, default: usize) -> Result<usize, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(n) if n >= 1 => Ok(n as usize),
+        Some(n) => Err(ApiError::invalid(field, format!("`{field}` must be at least 1, got {n}"))),
+    }
+}
+
+pub async fn create(State(state): State<SharedState>, body: Body) -> Response {
+    let r = create_inner(&state, body).await;
+    respond(&state, r)
+}
+
+async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError> {
+    let req: CreateRequest = parse_body(body, Flavor::OpenAi)?;
+    let opening_text = layout::opening(state, req.prompt.as_deref())?;
+    let opening = state
+        .tokenizer
+        .encode(&opening_text, false)
+        .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?;
+    let room = state.max_model_len.saturating_sub(opening.len() + ingest::QUESTION_ROOM.min(state.max_model_len / 4));
+    let window = match req.window {
+        None => None,
+        Some(w) if w >= 1 && (w as usize) <= room => Some(w as usize),
+        Some(w) => {
+            return Err(ApiError::invalid(
+                "window",
+                format!("`window` must be between 1 and {room} tokens (the context, {} tokens, minus the opening and room for a question), got {w}", state.max_model_len),
+            ))
+        }
+    };
+    if room == 0 {
+        return Err(ApiError::context_length(opening.len(), state.max_model_len));
+    }
+    let settings = SessionSettings {
+        window,
+        pre_decode: req.pre_decode.unwrap_or(false),
+        prompt: req.prompt,
+        overflow: req.overflow.unwrap_or(Overflow::DropOldest),
+        max_pending: positive("max_pending", req.max_pending, DEFAULT_MAX_PENDING)?,
+        max_pending_bytes: positive("max_pending_bytes", req.max_pending_bytes, DEFAULT_MAX_PENDING_BYTES)?,
+    };
+    let s = state.sessions.create(state, req.id, settings, opening)?;
+    let last = s.lock().last_used_unix;
+    Ok(session_json(state, &s, last))
+}
+
+pub async fn list(State(state): State<SharedState>) -> Response {
+    let data: Vec<Value> = (state.sessions.list().iter())
+        .map(|s| {
+            let last = s.lock().last_used_unix;
+            session_json(&state, s, last)
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+pub async fn get(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
+    let r = state.sessions.peek(&id).map(|s| {
+        let last = {
+            let mut st = s.lock();
+            let last = st.last_used_unix;
+            st.touch();
+            last
+        };
+        session_json(&state, &s, last)
+    });
+    respond(&state, r)
+}
+
+pub async fn delete(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
+    let r = state
+        .sessions
+        .delete(&state, &id)
+        .await
+        .map(|()| json!({"id": id, "object": "session.deleted", "deleted": true}));
+    respond(&state, r)
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum PushData {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PushRequest {
+    data: PushData,
+}
+
+/// The entries of a push body (`data` is a string or a non-empty list of strings).
+pub fn push_entries(data: PushData) -> Result<Vec<String>, ApiError> {
+    match data {
+        PushData::One(s) => Ok(vec![s]),
+        PushData::Many(v) if v.is_empty() => Err(ApiError::invalid("data", "`data` must be a string or a non-empty list of strings")),
+        PushData::Many(v) => Ok(v),
+    }
+}
+
+pub async fn push(State(state): State<SharedState>, Path(id): Path<String>, body: Body) -> Response {
+    let r = async {
+        let session = state.sessions.get(&id)?;
+        let req: PushRequest = parse_body(body, Flavor::OpenAi)?;
+        let entries = ingest::tokenize_entries(&state, push_entries(req.data)?).await?;
+        ingest::push(&state, &session, entries)
+    }
+    .await;
+    respond(&state, r)
+}
+
+/// Vigil: the retained entries, in order (what the session's KV holds as data).
+pub async fn data(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
+    let r = state.sessions.peek(&id).map(|s| {
+        let st = s.lock();
+        let entries: Vec<&str> = st.entries.iter().map(|e| e.text.as_str()).collect();
+        json!({
+            "object": "session.data",
+            "entries": entries,
+            "evicted": st.evicted,
+            "data_version": st.data_version,
+            "data_end": st.data_end(),
+            "pending": st.pending.len(),
+        })
+    });
+    respond(&state, r)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FlashRequest {
+    query: String,
+    max_tokens: Option<i64>,
+}
+
+pub async fn add_flash(State(state): State<SharedState>, Path(id): Path<String>, body: Body) -> Response {
+    let r = async {
+        let session = state.sessions.get(&id)?;
+        let req: FlashRequest = parse_body(body, Flavor::OpenAi)?;
+        if req.query.trim().is_empty() {
+            return Err(ApiError::invalid("query", "`query` must not be empty"));
+        }
+        let max_tokens = req.max_tokens.unwrap_or(DEFAULT_FLASH_MAX_TOKENS as i64).clamp(1, 256) as usize;
+        let tokens = state
+            .tokenizer
+            .encode(&req.query, false)
+            .map_err(|e| ApiError::invalid("query", format!("could not tokenize the query: {e}")))?
+            .len();
+        let v = {
+            let mut st = session.lock();
+            if st.flash.iter().any(|q| q.query == req.query) {
+                return Err(conflict("this flash query is already registered on the session"));
+            }
+            if st.flash.len() >= MAX_FLASH_QUERIES {
+                return Err(conflict(format!(
+                    "a session holds at most {MAX_FLASH_QUERIES} flash queries; delete one first"
+                )));
+            }
+            let q = FlashQuery {
+                id: st.next_flash_id,
+                query: req.query,
+                max_tokens,
+                tokens,
+                answer: None,
+                evaluations: 0,
+                skipped: 0,
+                eval_ms: 0.0,
+            };
+            st.next_flash_id += 1;
+            let v = q.to_json(st.data_version);
+            st.flash.push(q);
+            v
+        };
+        session.flash_wake.notify_one();
+        Ok(v)
+    }
+    .await;
+    respond(&state, r)
+}
+
+pub async fn list_flash(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
+    let r = state.sessions.get(&id).map(|s| {
+        let st = s.lock();
+        let data: Vec<Value> = st.flash.iter().map(|q| q.to_json(st.data_version)).collect();
+        json!({"object": "list", "data": data, "data_version": st.data_version})
+    });
+    respond(&state, r)
+}
+
+pub async fn delete_flash(State(state): State<SharedState>, Path((id, fid)): Path<(String, String)>) -> Response {
+    let r = (|| {
+        let session: Arc<Session> = state.sessions.get(&id)?;
+        let not_found = || ApiError::not_found(format!("flash query `{fid}` not found on session `{id}`"));
+        let fid_n: u64 = fid.parse().map_err(|_| not_found())?;
+        let mut st = session.lock();
+        let before = st.flash.len();
+        st.flash.retain(|q| q.id != fid_n);
+        if st.flash.len() == before {
+            return Err(not_found());
+        }
+        Ok(json!({"id": fid_n, "object": "session.flash_query.deleted", "deleted": true, "remaining": st.flash.len()}))
+    })();
+    respond(&state, r)
+}

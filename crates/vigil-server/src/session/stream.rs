@@ -1,0 +1,263 @@
+//! A session's live feeds: `GET …/events` (SSE dialect B) and `GET …/ws` (WebSocket, the
+//! `{type, data}` envelope). Both start with `connected`, replay the cached flash answers, then
+//! follow the session's event bus; each event carries its bus id (`id:` on SSE, `event_id` on
+//! WS) and `Last-Event-ID` resumes from the replay buffer. A subscriber that falls behind gets
+//! `lagged` and is disconnected.
+
+use super::events::SessionEvent;
+use super::ingest;
+use super::routes::{push_entries, PushData};
+use super::state::Session;
+use super::valid_id;
+use crate::error::ApiError;
+use crate::routes::error_response;
+use crate::state::SharedState;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+
+const HEARTBEAT: Duration = Duration::from_secs(15);
+const WS_READ_TIMEOUT: Duration = Duration::from_secs(30);
+const WS_MAX_FRAME: usize = 16 << 20;
+
+/// Counts an attached stream (an attached session does not expire) until dropped.
+struct Subscriber(Arc<Session>);
+
+impl Subscriber {
+    fn new(s: Arc<Session>) -> Self {
+        s.lock().subscribers += 1;
+        Subscriber(s)
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.subscribers = st.subscribers.saturating_sub(1);
+        st.touch();
+    }
+}
+
+/// `connected`, and a `flash_ready` for every cached answer.
+fn opening_events(session: &Session) -> (Value, Vec<Value>) {
+    let st = session.lock();
+    let connected = json!({
+        "session_id": session.id,
+        "data_version": st.data_version,
+        "flash_queries": st.flash.len(),
+    });
+    let replay = st.flash.iter().filter_map(|q| q.ready_event()).collect();
+    (connected, replay)
+}
+
+fn sse_frame(id: Option<u64>, kind: &str, data: &Value) -> String {
+    match id {
+        Some(id) => format!("id: {id}\nevent: {kind}\ndata: {data}\n\n"),
+        None => format!("event: {kind}\ndata: {data}\n\n"),
+    }
+}
+
+pub async fn events(State(state): State<SharedState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let session = match state.sessions.get(&id) {
+        Ok(s) => s,
+        Err(e) => return error_response(&state, e),
+    };
+    let last_id = (headers.get("last-event-id"))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let (mut rx, buffered) = session.events.subscribe(last_id);
+    let (connected, flash_replay) = opening_events(&session);
+    // Resume from the buffer when it reaches back to the client's last event; otherwise
+    // resynchronise from the cached answers.
+    let resumed = last_id.is_some_and(|last| {
+        buffered.first().map_or(session.events.next_id() == last + 1, |e| e.id == last + 1)
+    });
+    let (tx, out) = mpsc::unbounded_channel::<String>();
+    let sub = Subscriber::new(session.clone());
+    tokio::spawn(async move {
+        let session = sub.0.clone();
+        let _sub = sub;
+        let _ = tx.send(sse_frame(None, "connected", &connected));
+        if resumed {
+            for ev in &buffered {
+                let _ = tx.send(sse_frame(Some(ev.id), ev.kind, &ev.data));
+            }
+        } else {
+            for data in &flash_replay {
+                let _ = tx.send(sse_frame(None, "flash_ready", data));
+            }
+        }
+        loop {
+            let next = tokio::select! {
+                r = tokio::time::timeout(HEARTBEAT, rx.recv()) => r,
+                _ = tx.closed() => return,
+                _ = session.wait_deleted() => return,
+            };
+            let frame = match next {
+                Err(_) => ": heartbeat\n\n".to_string(),
+                Ok(Ok(ev)) => {
+                    if ev.kind == "deleted" {
+                        let _ = tx.send(sse_frame(Some(ev.id), ev.kind, &ev.data));
+                        return;
+                    }
+                    sse_frame(Some(ev.id), ev.kind, &ev.data)
+                }
+                Ok(Err(RecvError::Lagged(n))) => {
+                    let _ = tx.send(sse_frame(None, "lagged", &json!({"missed": n})));
+                    return;
+                }
+                Ok(Err(RecvError::Closed)) => return,
+            };
+            if tx.send(frame).is_err() {
+                return;
+            }
+        }
+    });
+    crate::sse::raw_stream(out)
+}
+
+pub async fn ws(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    if !valid_id(&id) {
+        return error_response(&state, ApiError::invalid("id", format!("malformed session id in the path: `{id}`")));
+    }
+    let session = match state.sessions.get(&id) {
+        Ok(s) => s,
+        Err(e) => return error_response(&state, e),
+    };
+    let upgrade = match upgrade {
+        Ok(u) => u,
+        Err(e) => return error_response(&state, ApiError::bad_request(format!("not a WebSocket upgrade: {e}"))),
+    };
+    upgrade
+        .max_message_size(WS_MAX_FRAME)
+        .max_frame_size(WS_MAX_FRAME)
+        .on_upgrade(move |socket| serve_socket(state, session, socket))
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ClientMessage {
+    Push { data: PushData },
+    Ping,
+    Close,
+}
+
+fn envelope(kind: &str, data: Value, event_id: Option<u64>) -> Message {
+    let mut v = json!({"type": kind, "data": data});
+    if let Some(id) = event_id {
+        v["event_id"] = json!(id);
+    }
+    Message::Text(v.to_string().into())
+}
+
+fn ws_error(e: &ApiError) -> Message {
+    envelope("error", json!({"message": e.message, "code": e.status.as_u16()}), None)
+}
+
+async fn serve_socket(state: SharedState, session: Arc<Session>, mut socket: WebSocket) {
+    let _sub = Subscriber::new(session.clone());
+    let (mut rx, _) = session.events.subscribe(None);
+    let (connected, flash_replay) = opening_events(&session);
+    let mut out = vec![envelope("connected", connected, None)];
+    out.extend(flash_replay.into_iter().map(|d| envelope("flash_ready", d, None)));
+    for m in out {
+        if socket.send(m).await.is_err() {
+            return;
+        }
+    }
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
+    let mut read_deadline = tokio::time::Instant::now() + WS_READ_TIMEOUT;
+    loop {
+        let reply: Option<Message> = tokio::select! {
+            msg = socket.recv() => {
+                read_deadline = tokio::time::Instant::now() + WS_READ_TIMEOUT;
+                match msg {
+                    None | Some(Err(_)) => return,
+                    Some(Ok(Message::Text(t))) => match handle_text(&state, &session, t.as_str()).await {
+                        Reply::Send(m) => Some(m),
+                        Reply::Close => {
+                            let _ = socket.send(Message::Close(None)).await;
+                            return;
+                        }
+                    },
+                    Some(Ok(Message::Binary(_))) => Some(ws_error(&ApiError::bad_request("binary frames are not accepted; send JSON text"))),
+                    Some(Ok(Message::Close(_))) => return,
+                    Some(Ok(_)) => None,
+                }
+            }
+            ev = rx.recv() => match ev {
+                Ok(ev) => Some(event_message(&ev)),
+                Err(RecvError::Lagged(n)) => {
+                    let _ = socket.send(envelope("lagged", json!({"missed": n}), None)).await;
+                    let _ = socket.send(Message::Close(None)).await;
+                    return;
+                }
+                Err(RecvError::Closed) => return,
+            },
+            _ = ping.tick() => Some(Message::Ping(axum::body::Bytes::from_static(b"hb"))),
+            _ = tokio::time::sleep_until(read_deadline) => {
+                let _ = socket.send(Message::Close(None)).await;
+                return;
+            }
+            _ = session.wait_deleted() => {
+                let _ = socket.send(Message::Close(None)).await;
+                return;
+            }
+        };
+        if let Some(m) = reply {
+            if socket.send(m).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn event_message(ev: &SessionEvent) -> Message {
+    envelope(ev.kind, ev.data.clone(), Some(ev.id))
+}
+
+enum Reply {
+    Send(Message),
+    Close,
+}
+
+/// One client message. A push is acknowledged here, before the loop reads the bus again, so
+/// the ack precedes every event the push causes.
+async fn handle_text(state: &SharedState, session: &Arc<Session>, text: &str) -> Reply {
+    let msg: ClientMessage = match serde_json::from_str(text) {
+        Ok(m) => m,
+        Err(e) => {
+            let err = ApiError::bad_request(format!(
+                "unrecognised message ({e}); expected {{\"type\": \"push\", \"data\": ...}}, {{\"type\": \"ping\"}} or {{\"type\": \"close\"}}"
+            ));
+            return Reply::Send(ws_error(&err));
+        }
+    };
+    match msg {
+        ClientMessage::Ping => Reply::Send(envelope("pong", json!({}), None)),
+        ClientMessage::Close => Reply::Close,
+        ClientMessage::Push { data } => {
+            session.lock().touch();
+            let r = async {
+                let entries = ingest::tokenize_entries(state, push_entries(data)?).await?;
+                ingest::push(state, session, entries)
+            }
+            .await;
+            Reply::Send(match r {
+                Ok(ack) => envelope("push_ack", ack, None),
+                Err(e) => ws_error(&e),
+            })
+        }
+    }
+}
