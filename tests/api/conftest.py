@@ -360,3 +360,101 @@ def prom_samples(text: str) -> list[tuple[str, dict, float]]:
 def prom_value(text: str, name: str, **labels: str) -> float:
     """The sum of the samples of `name` whose labels include `labels` (0.0 if none)."""
     return sum(v for n, ls, v in prom_samples(text) if n == name and all(ls.get(k) == x for k, x in labels.items()))
+
+
+# ── Sessions (test_sessions.py, test_sessions_events.py) ───────────────────────────────────
+
+
+def session_url(server: VigilServer, sid: str, tail: str = "") -> str:
+    return f"{server.v1}/sessions/{sid}{tail}"
+
+
+def session_get(server: VigilServer, sid: str, headers: Optional[dict] = None) -> dict:
+    """The raw session object (Vigil's extra fields included); asserts 200."""
+    r = httpx.get(session_url(server, sid), headers=headers, timeout=30)
+    assert r.status_code == 200, f"GET session {sid}: {r.status_code} {r.text[:300]}"
+    return r.json()
+
+
+def session_data(server: VigilServer, sid: str, headers: Optional[dict] = None) -> dict:
+    """Vigil extension `GET /v1/sessions/{id}/data`: `{"entries": [str], "evicted": int}`, the
+    retained ingested entries in order (what a generate sees), and how many the window evicted."""
+    r = httpx.get(session_url(server, sid, "/data"), headers=headers, timeout=30)
+    assert r.status_code == 200, f"GET data {sid}: {r.status_code} {r.text[:300]}"
+    body = r.json()
+    assert isinstance(body.get("entries"), list) and all(isinstance(e, str) for e in body["entries"]), body
+    assert isinstance(body.get("evicted"), int), body
+    return body
+
+
+def settle_session(server: VigilServer, sid: str, timeout: float = 60.0,
+                   headers: Optional[dict] = None) -> tuple[dict, dict]:
+    """Waits until every accepted entry of the session is ingested and KV-resident: nothing
+    pending, retained + evicted entries equal pushed minus dropped, and the residency predicate
+    of the reference client (`kv_tokens + 1 >= data_end`). Returns (session, data)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = session_get(server, sid, headers)
+        d = session_data(server, sid, headers)
+        ingested = len(d["entries"]) + d["evicted"]
+        if (s["pending"] == 0 and ingested == s["total_pushed"] - s["total_dropped"]
+                and s["kv_tokens"] + 1 >= s["data_end"]):
+            return s, d
+        if time.monotonic() > deadline:
+            raise AssertionError(f"session {sid} did not settle in {timeout}s: {s} / {len(d['entries'])} entries")
+        time.sleep(0.05)
+
+
+class SessionJanitor:
+    """Deletes at teardown every session a test made, so none outlives its test (a live session
+    holds KV blocks, which other tests count). A session still busy is retried for a while."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[VigilServer, str, Optional[dict]]] = []
+
+    def track(self, server: VigilServer, sid: str, headers: Optional[dict] = None) -> str:
+        self.made.append((server, sid, headers))
+        return sid
+
+    def create(self, server: VigilServer, headers: Optional[dict] = None, **body) -> dict:
+        """`POST /v1/sessions` over raw HTTP (for Vigil's create fields); asserts 200."""
+        r = httpx.post(server.v1 + "/sessions", json=body, headers=headers, timeout=30)
+        assert r.status_code == 200, f"create {body}: {r.status_code} {r.text[:300]}"
+        s = r.json()
+        self.track(server, s["id"], headers)
+        return s
+
+    def cleanup(self) -> None:
+        for server, sid, headers in self.made:
+            if not server.alive():
+                continue
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    r = httpx.delete(session_url(server, sid), headers=headers, timeout=30)
+                except httpx.HTTPError:
+                    break
+                if r.status_code != 409 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+
+
+@pytest.fixture
+def janitor() -> Iterator[SessionJanitor]:
+    j = SessionJanitor()
+    yield j
+    j.cleanup()
+
+
+def wait_flash_fresh(server: VigilServer, sid: str, timeout: float = 60.0) -> dict:
+    """Polls `GET /v1/sessions/{id}/flash` until every query is fresh; returns the raw list."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = httpx.get(session_url(server, sid, "/flash"), timeout=30)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        if body["data"] and all(q["fresh"] for q in body["data"]):
+            return body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"flash queries of {sid} not fresh after {timeout}s: {body}")
+        time.sleep(0.05)
