@@ -678,6 +678,39 @@ def test_window_evicts_whole_oldest_entries_exactly(client, smol, janitor):
     assert_same_answer(gw, stateless(client, SYSTEM_P, LOG[ev:], Q_LOG, 10), "windowed")
 
 
+def test_pre_decode_ready_position_and_speculative_exit(client, smol, janitor):
+    """With `pre_decode`, the session's ready position (its data followed by the generation
+    prompt) is computed with each batch: `ready_token` is the token a stateless chat of the same
+    conversation would start with, `ready_gap` its logit gap; a `fast_answer` candidate starting
+    with that token is served from it when the gap clears `gap_threshold`, and not otherwise."""
+    s = create(client, smol, janitor, pre_decode=True)
+    assert s.ready is False and s.ready_token is None
+    entries = ["Is the sky blue on a clear day? Answer Yes or No."]
+    client.sessions.push(s.id, entries, wait=True)
+    got = client.sessions.get(s.id)
+    assert got.ready is True and isinstance(got.ready_token, int) and got.ready_gap > 0, got
+    chat = client.chat.create(
+        messages=[{"role": "user", "content": user_turn(entries, "")}],
+        max_tokens=1, temperature=0, logprobs=True, top_logprobs=2,
+    )
+    lp = chat.choices[0].logprobs.content[0]
+    gap = lp.top_logprobs[0].logprob - lp.top_logprobs[1].logprob
+    assert abs(gap - got.ready_gap) < 1e-3, (gap, got.ready_gap)
+    first = lp.token
+    hit = client.sessions.generate(s.id, prompt="Answer now.", fast_answer=[first, "Maybe-not"],
+                                   gap_threshold=got.ready_gap - 1e-3)
+    assert hit.speculative is True and hit.text == first, hit
+    assert hit.logit_gap == pytest.approx(got.ready_gap, abs=1e-4)
+    assert hit.usage.prompt_tokens == 0 and hit.usage.completion_tokens == 0
+    assert hit.data_version == got.data_version
+    miss = client.sessions.generate(s.id, prompt="Answer now.", fast_answer=[first],
+                                    gap_threshold=got.ready_gap + 1, max_tokens=2, temperature=0)
+    assert miss.speculative is None and miss.usage.completion_tokens > 0, miss
+    other = client.sessions.generate(s.id, prompt="Answer now.", fast_answer=["Maybe-not"],
+                                     gap_threshold=0, max_tokens=2, temperature=0)
+    assert other.speculative is None, "a candidate that does not start with the ready token"
+
+
 # ── Errors ─────────────────────────────────────────────────────────────────────────────────
 
 
@@ -956,7 +989,7 @@ def test_async_client_every_method(qwen):
 
 
 SESSION_METRICS = ("vigil_flash_hits_total", "vigil_flash_misses_total", "vigil_flash_evaluations_total",
-                   "vigil_flash_skipped_total", "vigil_flash_lag_versions", "vigil_sessions_live",
+                   "vigil_flash_skipped_total", "vigil_flash_lag_versions_total", "vigil_sessions_live",
                    "vigil_session_ingested_entries_total", "vigil_session_dropped_entries_total")
 
 

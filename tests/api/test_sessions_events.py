@@ -330,10 +330,11 @@ def test_ws_bad_messages_are_non_fatal(qclient, qwen, janitor):
             msg = recv()
             while msg["type"] != "data_updated":
                 msg = recv()
-            updates.append(msg["data"])
-        # Vigil: payloads of replayable events carry their event id.
-        assert all(isinstance(u.get("id"), int) for u in updates), updates
-        assert updates[0]["id"] < updates[1]["id"]
+            updates.append(msg)
+        # Vigil: replayable events carry their bus id beside the payload (a flash_ready
+        # payload's own `id` is the query's).
+        assert all(isinstance(u.get("event_id"), int) for u in updates), updates
+        assert updates[0]["event_id"] < updates[1]["event_id"]
     _, data = settle_session(qwen, s.id)
     assert data["entries"] == ["ok1", "ok2"], "a refused message was ingested"
 

@@ -35,11 +35,10 @@ pub struct SessionSettings {
     pub max_pending_bytes: usize,
 }
 
-/// Where the durable context ends, which decides how a question is appended.
+/// Where the durable context ends, which decides how a question is appended. A new session
+/// starts with its opening, an open user turn: `Data`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// Nothing rendered yet: a question brings the template's opening with it.
-    Fresh,
     /// Inside an open user turn holding the data: a question completes that turn.
     Data,
     /// After a closed turn (an agent reply, a warmed prompt): a question opens a new turn.
@@ -56,11 +55,14 @@ pub struct Entry {
 pub struct SessionState {
     /// Tokens before the data region: the opening, or a conversation plus a new user turn.
     pub base: Vec<u32>,
-    /// Tokens of the opening alone (the pinned `prompt`), which the window never evicts.
+    /// Tokens of the opening (the template head with the pinned `prompt`), which the window
+    /// never evicts.
     pub opening_len: usize,
     pub entries: VecDeque<Entry>,
     pub data_tokens: usize,
     pub layout: Layout,
+    /// The opening is in the mirror but not yet KV-resident (a new session).
+    pub opening_due: bool,
     pub data_version: u64,
     pub pending: VecDeque<Entry>,
     pub pending_bytes: usize,
@@ -138,24 +140,31 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(id: String, pin: PinKey, settings: SessionSettings, opening_tokens: Vec<u32>) -> Self {
+    pub fn new(
+        id: String,
+        pin: PinKey,
+        settings: SessionSettings,
+        opening_tokens: Vec<u32>,
+    ) -> Self {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
+        let opening_len = opening_tokens.len();
         Session {
             id,
             pin,
             created: (now / 1000) as u64,
             created_ms: now,
             settings,
-            opening_tokens,
+            opening_tokens: opening_tokens.clone(),
             state: Mutex::new(SessionState {
-                base: Vec::new(),
-                opening_len: 0,
+                base: opening_tokens,
+                opening_len,
                 entries: VecDeque::new(),
                 data_tokens: 0,
-                layout: Layout::Fresh,
+                layout: Layout::Data,
+                opening_due: true,
                 data_version: 0,
                 pending: VecDeque::new(),
                 pending_bytes: 0,
