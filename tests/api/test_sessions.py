@@ -1016,3 +1016,52 @@ def test_session_metrics_and_health(qwen, qclient, janitor):
     assert prom_value(m1, "vigil_sessions_live") == live == h1["sessions"]
     assert h1["session_flash_hits"] - h0["session_flash_hits"] == 1
     assert h1["session_ingested_tokens"] > h0["session_ingested_tokens"]
+
+
+def test_flash_evaluation_skips_to_the_newest_version(qwen, qclient, janitor):
+    """Batches landing faster than a long flash evaluation: only the newest version is
+    evaluated, the versions in between are counted as skipped, and the answer catches up."""
+    s = create(qclient, qwen, janitor)
+    f = qclient.sessions.flash(s.id, "Summarise everything so far in detail.", max_tokens=256)
+    m0 = qwen.metrics_text()
+    for i in range(12):
+        qclient.sessions.push(s.id, [f"batch {i} value {i * 7}"])
+        time.sleep(0.03)
+    settled, _ = settle_session(qwen, s.id)
+    version = settled["data_version"]
+    q = next(x for x in wait_flash_fresh(qwen, s.id)["data"] if x["id"] == f.id)
+    assert q["data_version"] == version
+    assert q["skipped"] > 0, q
+    assert q["evaluations"] + q["skipped"] <= version, q
+    assert q["evaluations"] < version, "every version was evaluated: nothing coalesced"
+    m1 = qwen.metrics_text()
+    assert prom_value(m1, "vigil_flash_skipped_total") - prom_value(m0, "vigil_flash_skipped_total") >= q["skipped"]
+
+
+def test_turn_cancels_a_running_warm_and_keeps_its_work(client, smol, janitor):
+    """A warm turn is background work: the session's next turn cancels it at a step boundary
+    (`cancelled`), the KV it computed is kept, and the turn itself succeeds."""
+    import threading
+
+    s = create(client, smol, janitor)
+    long_text = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
+    convo = [{"role": "user", "content": long_text}]
+    result = {}
+
+    def warm():
+        result["warm"] = raw(smol, "POST", f"/v1/sessions/{s.id}/warm", {"messages": convo}, timeout=120)
+
+    t = threading.Thread(target=warm)
+    t.start()
+    time.sleep(1.0)
+    chat = raw(smol, "POST", "/v1/chat/completions",
+               {"messages": convo, "max_tokens": 2, "temperature": 0},
+               headers={"x-layerscale-session-id": s.id}, timeout=120)
+    t.join(timeout=120)
+    assert chat.status_code == 200, chat.text
+    w = result["warm"]
+    assert w.status_code == 200, w.text
+    assert w.json()["finish_reason"] == "cancelled", w.json()
+    cached = chat.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0, "the warm turn's work was not kept"
+    assert client.sessions.get(s.id).turns == 1
