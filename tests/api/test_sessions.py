@@ -819,7 +819,8 @@ def test_sessions_are_isolated_and_delete_frees_kv(client, smol, janitor):
 
 @pytest.fixture(scope="module")
 def ttl_server(tiny_qwen3_long_dir):
-    server = start_server("tiny-qwen3-ttl", str(tiny_qwen3_long_dir), "--kv-memory", "16MiB", "--session-ttl", "2")
+    server = start_server("tiny-qwen3-ttl", str(tiny_qwen3_long_dir), "--kv-memory", "16MiB", "--session-ttl", "2",
+                          "--max-sessions", "4")
     yield server
     server.stop()
 
@@ -1065,3 +1066,59 @@ def test_turn_cancels_a_running_warm_and_keeps_its_work(client, smol, janitor):
     cached = chat.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached > 0, "the warm turn's work was not kept"
     assert client.sessions.get(s.id).turns == 1
+
+
+def test_live_session_cap_is_409(ttl_server):
+    """`--max-sessions 4`: the fifth live session is refused with 409 naming the cap; deleting
+    one makes room."""
+    c = layerscale.LayerScale(base_url=ttl_server.url, api_key="", max_retries=0, timeout=60)
+    made = [c.sessions.create().id for _ in range(4 - len(listed(ttl_server)))]
+    try:
+        with pytest.raises(layerscale.ConflictError) as e:
+            c.sessions.create()
+        assert "--max-sessions" in str(e.value), e.value
+        c.sessions.delete(made.pop())
+        made.append(c.sessions.create().id)
+    finally:
+        for sid in made:
+            try:
+                c.sessions.delete(sid)
+            except layerscale.NotFoundError:
+                pass  # expired meanwhile (TTL 2 s)
+        c.close()
+
+
+def test_append_only_session_that_fills_refuses_the_push(qclient, qwen, janitor):
+    """Without a window a session grows until it would leave no room for a question: that
+    push is refused with 400 `context_length_exceeded` naming `data`, nothing of it is queued,
+    and the session still answers."""
+    s = create(qclient, qwen, janitor)
+    line = "reading " + "x" * 40
+    refused = None
+    for i in range(200):
+        r = raw(qwen, "POST", f"/v1/sessions/{s.id}/push", {"data": [f"{i} {line}"] * 4})
+        if r.status_code != 200:
+            refused = r
+            break
+    assert refused is not None, "a 1024-token session took 800 entries"
+    err = check_error(refused, 400, ("data",))
+    assert err["code"] == "context_length_exceeded", err
+    settled, data = settle_session(qwen, s.id)
+    assert settled["total_dropped"] == 0 and len(data["entries"]) == 4 * i, (i, settled)
+    g = qclient.sessions.generate(s.id, prompt="Last?", max_tokens=3, temperature=0)
+    assert g.usage.completion_tokens >= 1
+
+
+def test_window_evict_to_evicts_further_when_it_evicts(qclient, qwen, janitor):
+    s = create(qclient, qwen, janitor, window=200, evict_to=100)
+    assert s.model_extra["evict_to"] == 100
+    for i in range(30):
+        qclient.sessions.push(s.id, [f"entry {i} " + "y" * 20], wait=True)
+    st, data = settle_session(qwen, s.id)
+    opening = st["prompt_tokens"]
+    assert st["evicted"] > 0 and data["entries"] == [f"entry {i} " + "y" * 20 for i in range(st["evicted"], 30)]
+    assert st["data_end"] - opening <= 200
+    # Each recompute evicted down to 100 tokens, so there were fewer recomputes than evictions.
+    assert st["window_recomputes"] < st["evicted"], st
+    r = raw(qwen, "POST", "/v1/sessions", {"window": 50, "evict_to": 60})
+    check_error(r, 400, ("evict_to",))

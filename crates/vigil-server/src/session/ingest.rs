@@ -177,7 +177,12 @@ fn take_batch(state: &SharedState, session: &Session) -> Result<Option<Batch>, A
     let (mut evicted, mut evicted_tokens) = (0, 0);
     if let Some(window) = session.settings.window {
         let mut data: usize = retained.iter().map(|e| e.tokens.len()).sum();
-        while data > window {
+        let target = if data > window {
+            session.settings.evict_to.unwrap_or(window)
+        } else {
+            window
+        };
+        while data > target {
             let Some(e) = retained.pop_front() else { break };
             data -= e.tokens.len();
             evicted += 1;

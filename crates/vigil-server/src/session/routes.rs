@@ -40,6 +40,7 @@ struct CreateRequest {
     id: Option<String>,
     pre_decode: Option<bool>,
     window: Option<i64>,
+    evict_to: Option<i64>,
     prompt: Option<String>,
     overflow: Option<Overflow>,
     max_pending: Option<i64>,
@@ -82,11 +83,25 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
             ))
         }
     };
+    let evict_to = match (req.evict_to, window) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(ApiError::invalid("evict_to", "`evict_to` needs a `window`"))
+        }
+        (Some(e), Some(w)) if e >= 0 && (e as usize) <= w => Some(e as usize),
+        (Some(e), Some(w)) => {
+            return Err(ApiError::invalid(
+                "evict_to",
+                format!("`evict_to` must be between 0 and the window ({w}), got {e}"),
+            ))
+        }
+    };
     if room == 0 {
         return Err(ApiError::context_length(opening.len(), state.max_model_len));
     }
     let settings = SessionSettings {
         window,
+        evict_to,
         pre_decode: req.pre_decode.unwrap_or(false),
         prompt: req.prompt,
         overflow: req.overflow.unwrap_or(Overflow::DropOldest),

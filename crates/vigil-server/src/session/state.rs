@@ -28,6 +28,9 @@ pub enum Overflow {
 #[derive(Debug, Clone)]
 pub struct SessionSettings {
     pub window: Option<usize>,
+    /// When the data exceeds `window`, evict down to this many tokens (≤ `window`): each
+    /// recompute then buys room for `window - evict_to` tokens of new data.
+    pub evict_to: Option<usize>,
     pub pre_decode: bool,
     pub prompt: Option<String>,
     pub overflow: Overflow,
@@ -254,6 +257,7 @@ impl Session {
         });
         if let Some(w) = self.settings.window {
             v["window"] = json!(w);
+            v["evict_to"] = json!(self.settings.evict_to.unwrap_or(w));
         }
         if st.opening_len > 0 {
             v["frozen_end"] = json!(st.opening_len);
