@@ -1122,3 +1122,31 @@ def test_window_evict_to_evicts_further_when_it_evicts(qclient, qwen, janitor):
     assert st["window_recomputes"] < st["evicted"], st
     r = raw(qwen, "POST", "/v1/sessions", {"window": 50, "evict_to": 60})
     check_error(r, 400, ("evict_to",))
+
+
+def test_session_generate_over_capacity_is_503(overload):
+    """A session generate is a foreground request like any other: past `--max-seqs` +
+    `--max-queue` it is refused with 503 (the client's InternalServerError); data pushed
+    meanwhile lands once the seat is free."""
+    overload.wait_idle()
+    c = layerscale.LayerScale(base_url=overload.url, api_key="", max_retries=0, timeout=120)
+    s = c.sessions.create()
+    try:
+        c.sessions.push(s.id, ["a line of data"], wait=True)
+        body = {"prompt": "Tell a long story.", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=120) as holder:
+            with holder.stream("POST", session_url(overload, s.id, "/generate"), json=body) as held:
+                assert held.status_code == 200
+                lines = held.iter_lines()  # kept: a dropped iterator closes the stream
+                next(lines)
+                with pytest.raises(layerscale.InternalServerError) as e:
+                    c.sessions.generate(s.id, prompt="Quick?", max_tokens=2)
+                assert e.value.status_code == 503
+                ack = c.sessions.push(s.id, ["more data"])
+        deadline = time.monotonic() + 60
+        while c.sessions.get(s.id).data_version <= ack.data_version:
+            assert time.monotonic() < deadline, "pushed data never landed"
+            time.sleep(0.1)
+        delete_when_free(c, s.id)
+    finally:
+        c.close()

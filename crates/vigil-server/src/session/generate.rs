@@ -333,7 +333,8 @@ async fn flash_answer(
                 state.metrics.flash_hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(Some(flash_shortcut(state, fid, a, current)));
             }
-            _ if !demanded => {
+            // No freshness demanded, or nothing will be evaluated before data arrives.
+            _ if !demanded || current == 0 => {
                 state.metrics.flash_misses.fetch_add(1, Ordering::Relaxed);
                 return Ok(None);
             }
@@ -347,12 +348,14 @@ async fn flash_answer(
         }
         // Wait for the evaluation round in flight (the evaluator is already due to run).
         session.flash_wake.notify_one();
-        if tokio::time::timeout_at(deadline, done.changed())
-            .await
-            .is_err()
-        {
-            state.metrics.flash_misses.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
+        tokio::select! {
+            r = tokio::time::timeout_at(deadline, done.changed()) => if r.is_err() {
+                state.metrics.flash_misses.fetch_add(1, Ordering::Relaxed);
+                return Ok(None);
+            },
+            _ = session.wait_deleted() => {
+                return Err(ApiError::not_found(format!("session `{}` was deleted", session.id)));
+            }
         }
     }
 }
