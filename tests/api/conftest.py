@@ -298,10 +298,12 @@ def pytest_sessionfinish(session, exitstatus):
 # ── SSE over raw httpx ─────────────────────────────────────────────────────────────────────
 
 
-def iter_sse(response: httpx.Response) -> Iterator[tuple[Optional[str], str]]:
-    """Yields (event, data) frames. Splits lines only on \\n, \\r\\n and \\r (JSON may hold
-    raw U+2028), as the SSE spec and the reference client do."""
+def sse_frames(response: httpx.Response) -> Iterator[tuple[Optional[str], Optional[str], str]]:
+    """Yields (id, event, data) per SSE frame; `id` is the frame's own `id:` line or None.
+    Splits lines only on \\n, \\r\\n and \\r (JSON may hold raw U+2028), as the SSE spec and
+    the reference client do."""
     buf = b""
+    eid: Optional[str] = None
     event: Optional[str] = None
     data: list[str] = []
     for chunk in response.iter_bytes():
@@ -312,22 +314,27 @@ def iter_sse(response: httpx.Response) -> Iterator[tuple[Optional[str], str]]:
                 break
             i = min(idx)
             line = buf[:i].decode("utf-8")
-            if buf[i:i + 2] == b"\r\n":
-                buf = buf[i + 2:]
-            else:
-                buf = buf[i + 1:]
+            buf = buf[i + 2:] if buf[i:i + 2] == b"\r\n" else buf[i + 1:]
             if line == "":
                 if data:
-                    yield event, "\n".join(data)
-                event, data = None, []
+                    yield eid, event, "\n".join(data)
+                eid, event, data = None, None, []
             elif line.startswith(":"):
                 continue
+            elif line.startswith("id:"):
+                eid = line[3:].strip()
             elif line.startswith("event:"):
                 event = line[6:].strip()
             elif line.startswith("data:"):
                 data.append(line[5:].removeprefix(" "))
     if data:
-        yield event, "\n".join(data)
+        yield eid, event, "\n".join(data)
+
+
+def iter_sse(response: httpx.Response) -> Iterator[tuple[Optional[str], str]]:
+    """Yields (event, data) frames (see `sse_frames`)."""
+    for _, event, data in sse_frames(response):
+        yield event, data
 
 
 def prom_samples(text: str) -> list[tuple[str, dict, float]]:

@@ -23,7 +23,7 @@ from layerscale.lib.ws import WsConnected, WsDataUpdated, WsError, WsPong, WsPus
 from layerscale.types import ConnectedEvent, DataUpdatedEvent, FlashReadyEvent
 from websockets.sync.client import connect as ws_connect
 
-from conftest import API_KEY, session_data, session_url, settle_session, wait_flash_fresh
+from conftest import API_KEY, session_data, session_url, settle_session, sse_frames, wait_flash_fresh
 
 READ = httpx.Timeout(10, read=20)  # the events stream is silent for 15 s at most (heartbeats)
 
@@ -47,36 +47,6 @@ def create(c, server, janitor, **params):
 
 def ws_url(server, sid: str) -> str:
     return "ws://" + server.url.removeprefix("http://") + f"/v1/sessions/{sid}/ws"
-
-
-def sse_frames(response: httpx.Response) -> Iterator[tuple[Optional[str], Optional[str], str]]:
-    """Yields (id, event, data) per SSE frame; `id` is the frame's own `id:` line or None.
-    Splits lines only on \\n, \\r\\n and \\r, as the SSE spec and the reference client do."""
-    buf = b""
-    eid: Optional[str] = None
-    event: Optional[str] = None
-    data: list[str] = []
-    for chunk in response.iter_bytes():
-        buf += chunk
-        while True:
-            idx = [i for i in (buf.find(b"\n"), buf.find(b"\r")) if i >= 0]
-            if not idx:
-                break
-            i = min(idx)
-            line = buf[:i].decode("utf-8")
-            buf = buf[i + 2:] if buf[i:i + 2] == b"\r\n" else buf[i + 1:]
-            if line == "":
-                if data:
-                    yield eid, event, "\n".join(data)
-                eid, event, data = None, None, []
-            elif line.startswith(":"):
-                continue
-            elif line.startswith("id:"):
-                eid = line[3:].strip()
-            elif line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].removeprefix(" "))
 
 
 class Frame:

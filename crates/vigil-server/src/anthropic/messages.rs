@@ -121,14 +121,7 @@ async fn handle(
     let thinking = state.supports_thinking.then_some(prompt.starts_in_thinking);
     let parser = OutputParser::new(thinking, tool_format, prompt.forced.as_ref());
     let num_prompt = prompt.ids.len();
-    let turn = match &session {
-        Some(s) => Some(crate::session::turn::begin(s, &prompt.ids).await?),
-        None => None,
-    };
-    let (pin, on_finish) = match turn {
-        Some(t) => (Some(t.pin), Some(t.on_finish)),
-        None => (None, None),
-    };
+    let (pin, on_finish) = crate::session::turn::begin_if(session.as_ref(), &prompt.ids).await?;
     let rx = generate::start(
         &state,
         GenParams {

@@ -134,14 +134,7 @@ async fn handle(
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         include_reasoning: req.include_reasoning.unwrap_or(true),
     };
-    let turn = match &session {
-        Some(s) => Some(crate::session::turn::begin(s, &prompt.ids).await?),
-        None => None,
-    };
-    let (pin, on_finish) = match turn {
-        Some(t) => (Some(t.pin), Some(t.on_finish)),
-        None => (None, None),
-    };
+    let (pin, on_finish) = crate::session::turn::begin_if(session.as_ref(), &prompt.ids).await?;
     let rx = generate::start(
         &state,
         GenParams {

@@ -105,6 +105,20 @@ pub async fn begin(session: &Arc<Session>, prompt: &[u32]) -> Result<Turn, ApiEr
     })
 }
 
+/// `begin` when the request names a session: the pin and hook its `GenParams` take.
+pub async fn begin_if(
+    session: Option<&Arc<Session>>,
+    prompt: &[u32],
+) -> Result<(Option<PinUse>, Option<FinishHook>), ApiError> {
+    match session {
+        Some(s) => {
+            let t = begin(s, prompt).await?;
+            Ok((Some(t.pin), Some(t.on_finish)))
+        }
+        None => Ok((None, None)),
+    }
+}
+
 /// Make `history` the session's durable context (a closed turn) and announce it.
 fn settle(session: &Session, history: Vec<u32>, completed_turn: bool) {
     let data = {
