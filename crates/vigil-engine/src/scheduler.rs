@@ -8,6 +8,10 @@
 //! Out of blocks → preempt the running sequence of the lowest class, newest first, by
 //! recompute: its full blocks stay in the prefix cache, so readmission is mostly hits.
 //!
+//! While a Foreground sequence is in the step, the lower classes share at most
+//! `max_lower_tokens_with_foreground` tokens of it, so background prefill does not stretch
+//! interactive steps.
+//!
 //! Age is arrival order, which is id order (the engine issues ids in arrival order). A
 //! sequence below `Foreground` that waits more than `promote_after_steps` steps is promoted to
 //! `Foreground` for the rest of its life, so no class starves.
@@ -27,6 +31,10 @@ pub struct SchedulerConfig {
     pub enable_prefix_cache: bool,
     /// Steps a sequence below `Foreground` may wait before it is scheduled as `Foreground`.
     pub promote_after_steps: u64,
+    /// While a `Foreground` sequence is in the step, the lower classes get at most this many
+    /// tokens of it: a session's ingest or flash work must not turn every token of an
+    /// interactive request into a long prefill step.
+    pub max_lower_tokens_with_foreground: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -37,6 +45,7 @@ impl Default for SchedulerConfig {
             watermark: 0.01,
             enable_prefix_cache: true,
             promote_after_steps: 256,
+            max_lower_tokens_with_foreground: 64,
         }
     }
 }
@@ -156,6 +165,10 @@ impl Scheduler {
             admission_closed: false,
         };
         for class in Priority::DESCENDING {
+            if class < Priority::Foreground && !st.plan.seqs.is_empty() {
+                // Everything planned so far is Foreground (the classes run highest first).
+                st.budget = st.budget.min(self.config.max_lower_tokens_with_foreground);
+            }
             self.schedule_running(class, &mut st, seqs, pool);
             self.admit_waiting(class, &mut st, seqs, pool);
         }

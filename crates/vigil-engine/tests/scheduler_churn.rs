@@ -107,6 +107,7 @@ fn priority_churn_keeps_invariants() {
         watermark: 0.0,
         enable_prefix_cache: true,
         promote_after_steps: 40,
+        max_lower_tokens_with_foreground: usize::MAX,
     };
     let mut e = engine(32, config);
     let mut rng = Lcg(11);
@@ -237,6 +238,7 @@ fn background_arrivals_never_delay_foreground_tokens() {
         watermark: 0.0,
         enable_prefix_cache: true,
         promote_after_steps: 1_000_000,
+        max_lower_tokens_with_foreground: usize::MAX,
     };
     let mut e = engine(24, config);
     let mut rng = Lcg(5);
@@ -303,6 +305,7 @@ fn background_finish_step(promote_after_steps: u64, max_steps: usize) -> Option<
         watermark: 0.0,
         enable_prefix_cache: true,
         promote_after_steps,
+        max_lower_tokens_with_foreground: usize::MAX,
     };
     let mut e = engine(32, config);
     let mut rng = Lcg(3);
@@ -364,6 +367,7 @@ fn preempted_sequence_readmits_from_its_committed_blocks() {
         watermark: 0.0,
         enable_prefix_cache: true,
         promote_after_steps: 1000,
+        max_lower_tokens_with_foreground: usize::MAX,
     };
     let mut sched = Scheduler::new(config);
     let pool = SharedBlockPool::new(8, BLOCK);
@@ -418,4 +422,47 @@ fn preempted_sequence_readmits_from_its_committed_blocks() {
     run_plan(&plan, &mut seqs);
     let tables: Vec<_> = seqs.values().filter_map(|s| s.table.as_ref()).collect();
     pool.check_invariants(&tables).unwrap();
+}
+
+#[test]
+fn lower_classes_get_a_small_share_of_steps_with_foreground_work() {
+    // A long ingest prefill and a foreground request decoding: while the foreground request
+    // is in the step, ingest advances at most `max_lower_tokens_with_foreground` tokens per
+    // step (the step stays short); alone, it takes the whole budget.
+    let config = SchedulerConfig {
+        max_batched_tokens: 64,
+        max_lower_tokens_with_foreground: 8,
+        ..SchedulerConfig::default()
+    };
+    let mut e = engine(128, config);
+    let mut rng = Lcg(3);
+    let ingest = add(&mut e, rng.tokens(400), 1, Priority::Ingest);
+    let fg = add(&mut e, rng.tokens(6), 20, Priority::Foreground);
+    let mut with_fg = 0;
+    let mut done_fg = false;
+    for _ in 0..200 {
+        let before = e.seqs.get(&ingest).map_or(0, |s| s.num_computed_tokens);
+        let fg_live = e.seqs.contains_key(&fg) && !done_fg;
+        for out in e.step().unwrap() {
+            if out.finished.is_some() {
+                done_fg |= out.seq_id == fg;
+                e.take_finished(out.seq_id).unwrap();
+            }
+        }
+        let Some(after) = e.seqs.get(&ingest).map(|s| s.num_computed_tokens) else {
+            break;
+        };
+        let advanced = after - before;
+        if fg_live {
+            with_fg += 1;
+            assert!(
+                advanced <= 8,
+                "ingest took {advanced} tokens of a foreground step"
+            );
+        } else {
+            assert!(advanced >= 60, "alone, ingest took only {advanced} tokens");
+        }
+        e.check_invariants().unwrap();
+    }
+    assert!(done_fg && with_fg >= 20, "foreground ran {with_fg} steps");
 }
