@@ -384,7 +384,7 @@ def session_data(server: VigilServer, sid: str, headers: Optional[dict] = None) 
     body = r.json()
     assert isinstance(body.get("entries"), list) and all(isinstance(e, str) for e in body["entries"]), body
     assert isinstance(body.get("evicted"), int), body
-    return body
+    return {"entries": body["entries"], "evicted": body["evicted"]}
 
 
 def settle_session(server: VigilServer, sid: str, timeout: float = 60.0,

@@ -678,6 +678,39 @@ def test_window_evicts_whole_oldest_entries_exactly(client, smol, janitor):
     assert_same_answer(gw, stateless(client, SYSTEM_P, LOG[ev:], Q_LOG, 10), "windowed")
 
 
+def test_pre_decode_ready_position_and_speculative_exit(client, smol, janitor):
+    """With `pre_decode`, the session's ready position (its data followed by the generation
+    prompt) is computed with each batch: `ready_token` is the token a stateless chat of the same
+    conversation would start with, `ready_gap` its logit gap; a `fast_answer` candidate starting
+    with that token is served from it when the gap clears `gap_threshold`, and not otherwise."""
+    s = create(client, smol, janitor, pre_decode=True)
+    assert s.ready is False and s.ready_token is None
+    entries = ["Is the sky blue on a clear day? Answer Yes or No."]
+    client.sessions.push(s.id, entries, wait=True)
+    got = client.sessions.get(s.id)
+    assert got.ready is True and isinstance(got.ready_token, int) and got.ready_gap > 0, got
+    chat = client.chat.create(
+        messages=[{"role": "user", "content": user_turn(entries, "")}],
+        max_tokens=1, temperature=0, logprobs=True, top_logprobs=2,
+    )
+    lp = chat.choices[0].logprobs.content[0]
+    gap = lp.top_logprobs[0].logprob - lp.top_logprobs[1].logprob
+    assert abs(gap - got.ready_gap) < 1e-3, (gap, got.ready_gap)
+    first = lp.token
+    hit = client.sessions.generate(s.id, prompt="Answer now.", fast_answer=[first, "Maybe-not"],
+                                   gap_threshold=got.ready_gap - 1e-3)
+    assert hit.speculative is True and hit.text == first, hit
+    assert hit.logit_gap == pytest.approx(got.ready_gap, abs=1e-4)
+    assert hit.usage.prompt_tokens == 0 and hit.usage.completion_tokens == 0
+    assert hit.data_version == got.data_version
+    miss = client.sessions.generate(s.id, prompt="Answer now.", fast_answer=[first],
+                                    gap_threshold=got.ready_gap + 1, max_tokens=2, temperature=0)
+    assert miss.speculative is None and miss.usage.completion_tokens > 0, miss
+    other = client.sessions.generate(s.id, prompt="Answer now.", fast_answer=["Maybe-not"],
+                                     gap_threshold=0, max_tokens=2, temperature=0)
+    assert other.speculative is None, "a candidate that does not start with the ready token"
+
+
 # ── Errors ─────────────────────────────────────────────────────────────────────────────────
 
 
@@ -786,7 +819,8 @@ def test_sessions_are_isolated_and_delete_frees_kv(client, smol, janitor):
 
 @pytest.fixture(scope="module")
 def ttl_server(tiny_qwen3_long_dir):
-    server = start_server("tiny-qwen3-ttl", str(tiny_qwen3_long_dir), "--kv-memory", "16MiB", "--session-ttl", "2")
+    server = start_server("tiny-qwen3-ttl", str(tiny_qwen3_long_dir), "--kv-memory", "16MiB", "--session-ttl", "2",
+                          "--max-sessions", "4")
     yield server
     server.stop()
 
@@ -956,7 +990,7 @@ def test_async_client_every_method(qwen):
 
 
 SESSION_METRICS = ("vigil_flash_hits_total", "vigil_flash_misses_total", "vigil_flash_evaluations_total",
-                   "vigil_flash_skipped_total", "vigil_flash_lag_versions", "vigil_sessions_live",
+                   "vigil_flash_skipped_total", "vigil_flash_lag_versions_total", "vigil_sessions_live",
                    "vigil_session_ingested_entries_total", "vigil_session_dropped_entries_total")
 
 
@@ -983,3 +1017,108 @@ def test_session_metrics_and_health(qwen, qclient, janitor):
     assert prom_value(m1, "vigil_sessions_live") == live == h1["sessions"]
     assert h1["session_flash_hits"] - h0["session_flash_hits"] == 1
     assert h1["session_ingested_tokens"] > h0["session_ingested_tokens"]
+
+
+def test_flash_evaluation_skips_to_the_newest_version(qwen, qclient, janitor):
+    """Batches landing faster than a long flash evaluation: only the newest version is
+    evaluated, the versions in between are counted as skipped, and the answer catches up."""
+    s = create(qclient, qwen, janitor)
+    f = qclient.sessions.flash(s.id, "Summarise everything so far in detail.", max_tokens=256)
+    m0 = qwen.metrics_text()
+    for i in range(12):
+        qclient.sessions.push(s.id, [f"batch {i} value {i * 7}"])
+        time.sleep(0.03)
+    settled, _ = settle_session(qwen, s.id)
+    version = settled["data_version"]
+    q = next(x for x in wait_flash_fresh(qwen, s.id)["data"] if x["id"] == f.id)
+    assert q["data_version"] == version
+    assert q["skipped"] > 0, q
+    assert q["evaluations"] + q["skipped"] <= version, q
+    assert q["evaluations"] < version, "every version was evaluated: nothing coalesced"
+    m1 = qwen.metrics_text()
+    assert prom_value(m1, "vigil_flash_skipped_total") - prom_value(m0, "vigil_flash_skipped_total") >= q["skipped"]
+
+
+def test_turn_cancels_a_running_warm_and_keeps_its_work(client, smol, janitor):
+    """A warm turn is background work: the session's next turn cancels it at a step boundary
+    (`cancelled`), the KV it computed is kept, and the turn itself succeeds."""
+    import threading
+
+    s = create(client, smol, janitor)
+    long_text = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
+    convo = [{"role": "user", "content": long_text}]
+    result = {}
+
+    def warm():
+        result["warm"] = raw(smol, "POST", f"/v1/sessions/{s.id}/warm", {"messages": convo}, timeout=120)
+
+    t = threading.Thread(target=warm)
+    t.start()
+    time.sleep(1.0)
+    chat = raw(smol, "POST", "/v1/chat/completions",
+               {"messages": convo, "max_tokens": 2, "temperature": 0},
+               headers={"x-layerscale-session-id": s.id}, timeout=120)
+    t.join(timeout=120)
+    assert chat.status_code == 200, chat.text
+    w = result["warm"]
+    assert w.status_code == 200, w.text
+    assert w.json()["finish_reason"] == "cancelled", w.json()
+    cached = chat.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0, "the warm turn's work was not kept"
+    assert client.sessions.get(s.id).turns == 1
+
+
+def test_live_session_cap_is_409(ttl_server):
+    """`--max-sessions 4`: the fifth live session is refused with 409 naming the cap; deleting
+    one makes room."""
+    c = layerscale.LayerScale(base_url=ttl_server.url, api_key="", max_retries=0, timeout=60)
+    made = [c.sessions.create().id for _ in range(4 - len(listed(ttl_server)))]
+    try:
+        with pytest.raises(layerscale.ConflictError) as e:
+            c.sessions.create()
+        assert "--max-sessions" in str(e.value), e.value
+        c.sessions.delete(made.pop())
+        made.append(c.sessions.create().id)
+    finally:
+        for sid in made:
+            try:
+                c.sessions.delete(sid)
+            except layerscale.NotFoundError:
+                pass  # expired meanwhile (TTL 2 s)
+        c.close()
+
+
+def test_append_only_session_that_fills_refuses_the_push(qclient, qwen, janitor):
+    """Without a window a session grows until it would leave no room for a question: that
+    push is refused with 400 `context_length_exceeded` naming `data`, nothing of it is queued,
+    and the session still answers."""
+    s = create(qclient, qwen, janitor)
+    line = "reading " + "x" * 40
+    refused = None
+    for i in range(200):
+        r = raw(qwen, "POST", f"/v1/sessions/{s.id}/push", {"data": [f"{i} {line}"] * 4})
+        if r.status_code != 200:
+            refused = r
+            break
+    assert refused is not None, "a 1024-token session took 800 entries"
+    err = check_error(refused, 400, ("data",))
+    assert err["code"] == "context_length_exceeded", err
+    settled, data = settle_session(qwen, s.id)
+    assert settled["total_dropped"] == 0 and len(data["entries"]) == 4 * i, (i, settled)
+    g = qclient.sessions.generate(s.id, prompt="Last?", max_tokens=3, temperature=0)
+    assert g.usage.completion_tokens >= 1
+
+
+def test_window_evict_to_evicts_further_when_it_evicts(qclient, qwen, janitor):
+    s = create(qclient, qwen, janitor, window=200, evict_to=100)
+    assert s.model_extra["evict_to"] == 100
+    for i in range(30):
+        qclient.sessions.push(s.id, [f"entry {i} " + "y" * 20], wait=True)
+    st, data = settle_session(qwen, s.id)
+    opening = st["prompt_tokens"]
+    assert st["evicted"] > 0 and data["entries"] == [f"entry {i} " + "y" * 20 for i in range(st["evicted"], 30)]
+    assert st["data_end"] - opening <= 200
+    # Each recompute evicted down to 100 tokens, so there were fewer recomputes than evictions.
+    assert st["window_recomputes"] < st["evicted"], st
+    r = raw(qwen, "POST", "/v1/sessions", {"window": 50, "evict_to": 60})
+    check_error(r, 400, ("evict_to",))

@@ -1,7 +1,7 @@
 """Session events on the tiny Qwen3: the SSE stream (`GET /v1/sessions/{id}/events`, dialect B)
 and the WebSocket (`GET /v1/sessions/{id}/ws`) through the reference client `layerscale==0.8.0`,
 sync and async, plus Vigil's additions over raw httpx / websockets: monotonic event ids,
-`Last-Event-ID` resume, `dropped` events, ids in WS payloads.
+`Last-Event-ID` resume, `dropped` events, event ids on WS messages, the 16 MiB frame limit.
 
 What is checked: `connected` comes first, cached flash answers are replayed, a push produces
 `data_updated` (and on the socket, its `push_ack` first), ping gets pong, a bad message gets a
@@ -330,10 +330,11 @@ def test_ws_bad_messages_are_non_fatal(qclient, qwen, janitor):
             msg = recv()
             while msg["type"] != "data_updated":
                 msg = recv()
-            updates.append(msg["data"])
-        # Vigil: payloads of replayable events carry their event id.
-        assert all(isinstance(u.get("id"), int) for u in updates), updates
-        assert updates[0]["id"] < updates[1]["id"]
+            updates.append(msg)
+        # Vigil: replayable events carry their bus id beside the payload (a flash_ready
+        # payload's own `id` is the query's).
+        assert all(isinstance(u.get("event_id"), int) for u in updates), updates
+        assert updates[0]["event_id"] < updates[1]["event_id"]
     _, data = settle_session(qwen, s.id)
     assert data["entries"] == ["ok1", "ok2"], "a refused message was ingested"
 
@@ -378,3 +379,20 @@ def test_events_do_not_change_data(qwen, janitor):
             assert json.loads(first[2])["data_version"] == before["data_version"]
     after = session_data(qwen, s["id"])
     assert after == data
+
+
+def test_ws_frame_over_16_mib_ends_the_connection(qclient, qwen, janitor):
+    """An inbound frame over 16 MiB tears the socket down (no error event); the session is
+    untouched and a new socket works."""
+    s = create(qclient, qwen, janitor)
+    with ws_connect(ws_url(qwen, s.id), max_size=None) as conn:
+        assert json.loads(conn.recv(timeout=10))["type"] == "connected"
+        big = json.dumps({"type": "push", "data": "x" * (16 * 1024 * 1024 + 16)})
+        with pytest.raises(Exception):
+            conn.send(big)
+            while True:
+                msg = json.loads(conn.recv(timeout=10))
+                assert msg["type"] != "push_ack", "an oversized frame was accepted"
+    assert qclient.sessions.get(s.id).model_extra["total_pushed"] == 0
+    with ws_connect(ws_url(qwen, s.id)) as conn:
+        assert json.loads(conn.recv(timeout=10))["type"] == "connected"

@@ -130,7 +130,28 @@ impl LlmEngine {
         self.pins.save(pin.key, tokens, table);
     }
 
-    /// Pins that a live sequence was forked from or will save to: never evicted.
+    /// Memory pressure: idle sessions give back their KV first. When nothing can run at all,
+    /// busy pins go too (their forks keep what they share), then the forks of waiting
+    /// sequences (they recompute): the pins are a cache of the sessions' mirrors, never the
+    /// data itself, so progress comes before keeping them.
+    fn relieve_pressure(&mut self, stuck: bool) {
+        let busy = self.busy_pins();
+        if self.pins.evict_idle(&busy) || !stuck {
+            return;
+        }
+        if self.pins.evict_idle(&HashSet::new()) {
+            return;
+        }
+        for id in self.scheduler.waiting.clone() {
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                if seq.table.take().is_some() {
+                    seq.num_computed_tokens = 0;
+                }
+            }
+        }
+    }
+
+    /// Pins that a live sequence was forked from or will save to: evicted last.
     fn busy_pins(&self) -> HashSet<u64> {
         (self.seqs.values())
             .filter_map(|s| s.pin.map(|p| p.key))
@@ -166,9 +187,7 @@ impl LlmEngine {
         self.last_step = StepStats::default();
         let stuck = plan.seqs.is_empty() && self.scheduler.num_waiting() > 0;
         if stuck || !plan.preempted.is_empty() {
-            // Memory pressure: idle sessions give back their KV before requests are starved.
-            let busy = self.busy_pins();
-            self.pins.evict_idle(&busy);
+            self.relieve_pressure(stuck);
         }
         if plan.seqs.is_empty() {
             return Ok(Vec::new());

@@ -9,7 +9,9 @@
 //!
 //! Under memory pressure the engine drops the table of the least recently used idle pin (one
 //! no live request was forked from or saves to). The pin keeps its tokens; its full blocks stay
-//! in the prefix cache until reused, and what is gone is recomputed on next use.
+//! in the prefix cache until reused, and what is gone is recomputed on next use. Only when
+//! nothing at all can run does a busy pin go too; the requests forked from it keep every block
+//! they share with it, so a busy session's KV in use is never freed.
 
 use crate::block_table::BlockTable;
 use std::collections::{HashMap, HashSet};

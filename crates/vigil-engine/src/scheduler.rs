@@ -254,14 +254,18 @@ impl Scheduler {
             // A sequence forked from a session pin arrives with its table; it waits holding
             // only shared blocks, so it must get the table back if it is not admitted now.
             let seeded = seq.table.take();
-            let was_seeded = seeded.is_some();
             // A preempted sequence looks up its output too: recompute then is mostly hits.
-            let table = match seeded {
-                Some(t) => t,
-                None if self.config.enable_prefix_cache => {
-                    pool.table_with_prefix(&seq.token_ids, 0)
-                }
-                None => pool.new_table(0),
+            let hits = (self.config.enable_prefix_cache)
+                .then(|| pool.table_with_prefix(&seq.token_ids, 0));
+            // Another session or request may have cached more of the prompt than the pin
+            // holds (a conversation warmed elsewhere): take whichever covers more, and keep
+            // the seeded table to give back if the sequence is not admitted (the lookup took
+            // blocks off the free list that earlier admissions this step counted on).
+            let (table, table_is_seeded, spare) = match (seeded, hits) {
+                (Some(t), Some(h)) if h.num_tokens() > t.num_tokens() => (h, false, Some(t)),
+                (Some(t), _) => (t, true, None),
+                (None, Some(h)) => (h, false, None),
+                (None, None) => (pool.new_table(0), false, None),
             };
             let cached = table.num_tokens();
             let n = (seq.num_tokens() - cached).min(st.budget);
@@ -279,10 +283,10 @@ impl Scheduler {
                 }
                 if !admitted {
                     st.admission_closed = true;
-                    if let (true, Some(seq)) = (was_seeded, seqs.get_mut(&id)) {
-                        seq.table = Some(table);
+                    if let Some(seq) = seqs.get_mut(&id) {
+                        seq.table = spare.or(table_is_seeded.then_some(table));
                     }
-                    return; // Otherwise `table` drops here, releasing its prefix hits.
+                    return; // A lookup's table drops here, releasing its prefix hits.
                 }
             }
             let Some(seq) = seqs.get_mut(&id) else {

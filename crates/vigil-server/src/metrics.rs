@@ -81,6 +81,7 @@ pub struct ServerMetrics {
     pub session_pushed_entries: AtomicU64,
     pub session_ingested_entries: AtomicU64,
     pub session_dropped_entries: AtomicU64,
+    pub session_ingested_tokens: AtomicU64,
     /// Versions behind the session, summed over served flash answers.
     pub flash_lag_versions: AtomicU64,
     pub sessions_live: AtomicUsize,

@@ -58,7 +58,10 @@ pub fn router(state: SharedState) -> Router {
             "/v1/sessions/{id}/flash/{fid}",
             axum::routing::delete(crate::session::routes::delete_flash),
         )
-        .route("/v1/sessions/{id}/events", get(crate::session::stream::events))
+        .route(
+            "/v1/sessions/{id}/events",
+            get(crate::session::stream::events),
+        )
         .route("/v1/sessions/{id}/ws", get(crate::session::stream::ws))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -183,7 +186,9 @@ pub fn health_json(
         "generated_tokens": c(&|e, _| l(&e.generated_tokens)),
         "prefix_cached_tokens": c(&|e, _| l(&e.prefix_cached_tokens)),
         "tool_calls_malformed": c(&|_, m| l(&m.tool_calls_malformed)),
-        "sessions": 0,
+        "sessions": c(&|_, m| u(&m.sessions_live)),
+        "session_flash_hits": c(&|_, m| l(&m.flash_hits)),
+        "session_ingested_tokens": c(&|_, m| l(&m.session_ingested_tokens)),
     })
 }
 

@@ -69,7 +69,10 @@ impl EventBus {
     pub fn subscribe(
         &self,
         last_id: Option<u64>,
-    ) -> (broadcast::Receiver<Arc<SessionEvent>>, Vec<Arc<SessionEvent>>) {
+    ) -> (
+        broadcast::Receiver<Arc<SessionEvent>>,
+        Vec<Arc<SessionEvent>>,
+    ) {
         let r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let rx = self.tx.subscribe();
         let replay = match last_id {

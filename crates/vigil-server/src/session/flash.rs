@@ -116,6 +116,10 @@ struct Due {
 fn due_queries(session: &Session) -> Vec<Due> {
     let st = session.lock();
     let v = st.data_version;
+    // Before any data (version 0) there is nothing to answer about.
+    if v == 0 {
+        return Vec::new();
+    }
     (st.flash.iter())
         .filter(|q| q.answer.as_ref().is_none_or(|a| a.data_version < v))
         .map(|q| Due {
@@ -157,7 +161,9 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
         }));
         match generate::start(state, params) {
             Ok(events) => waits.push((d.id, events, rx)),
-            Err(e) => tracing::warn!(session = %session.id, "flash evaluation not started: {}", e.message),
+            Err(e) => {
+                tracing::warn!(session = %session.id, "flash evaluation not started: {}", e.message)
+            }
         }
     }
     for (id, mut events, rx) in waits {
@@ -170,7 +176,10 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
         let Ok(Some(finished)) = rx.await else {
             continue;
         };
-        state.metrics.flash_evaluations.fetch_add(1, Ordering::Relaxed);
+        state
+            .metrics
+            .flash_evaluations
+            .fetch_add(1, Ordering::Relaxed);
         let answer = FlashAnswer {
             value: text,
             data_version: version,
@@ -186,9 +195,14 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
             if previous.as_ref().is_some_and(|(v, _)| *v >= version) {
                 continue;
             }
-            let skipped = previous.as_ref().map_or(0, |(v, _)| version.saturating_sub(v + 1));
+            let skipped = previous
+                .as_ref()
+                .map_or(0, |(v, _)| version.saturating_sub(v + 1));
             q.skipped += skipped;
-            state.metrics.flash_skipped.fetch_add(skipped, Ordering::Relaxed);
+            state
+                .metrics
+                .flash_skipped
+                .fetch_add(skipped, Ordering::Relaxed);
             q.evaluations += 1;
             q.eval_ms = started.elapsed().as_secs_f64() * 1000.0;
             let changed = previous.is_none_or(|(_, v)| v != answer.value);

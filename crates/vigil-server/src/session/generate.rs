@@ -91,9 +91,26 @@ async fn generate_inner(
 ) -> Result<Response, ApiError> {
     let session = state.sessions.get(id)?;
     let req: GenerateRequest = parse_body(body, Flavor::OpenAi)?;
-    let question = match req.prompt.as_deref() {
-        Some(p) if !p.is_empty() => p.to_string(),
-        _ => return Err(ApiError::invalid("prompt", "`prompt` is required and must not be empty")),
+    let question = match (req.prompt.as_deref(), req.flash_id) {
+        (Some(p), _) if !p.is_empty() => p.to_string(),
+        // `flash_id` alone asks that query (generated, if its answer cannot be served).
+        (None, Some(fid)) => {
+            let st = session.lock();
+            match st.flash.iter().find(|q| q.id == fid) {
+                Some(q) => q.query.clone(),
+                None => {
+                    return Err(ApiError::not_found(format!(
+                        "flash query `{fid}` not found on session `{id}`"
+                    )))
+                }
+            }
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "`prompt` is required and must not be empty",
+            ))
+        }
     };
     let common = CommonParams {
         temperature: req.temperature,
@@ -106,7 +123,10 @@ async fn generate_inner(
     let max = max_tokens(req.max_tokens.or(req.max_completion_tokens), "max_tokens")?;
     if let Some(g) = req.gap_threshold {
         if !g.is_finite() || g < 0.0 {
-            return Err(ApiError::invalid("gap_threshold", "must be a non-negative number"));
+            return Err(ApiError::invalid(
+                "gap_threshold",
+                "must be a non-negative number",
+            ));
         }
     }
     let kwargs = crate::prompt::template_kwargs(
@@ -130,7 +150,10 @@ async fn generate_inner(
             return Ok(shortcut_response(&session, &gen_id, hit, stream));
         }
     } else if req.flash_id.is_some() && req.use_flash == Some(false) {
-        return Err(ApiError::invalid("flash_id", "`flash_id` cannot be combined with `use_flash: false`"));
+        return Err(ApiError::invalid(
+            "flash_id",
+            "`flash_id` cannot be combined with `use_flash: false`",
+        ));
     }
     if let (true, true, Some(cands)) = (shortcuts, session.settings.pre_decode, &req.fast_answer) {
         if let Some(hit) = speculative(state, &session, cands, req.gap_threshold.unwrap_or(2.0)) {
@@ -155,7 +178,11 @@ async fn generate_inner(
     let mut gp = GenParams::new(prompt, sampling, max);
     gp.stop_strings = stop;
     gp.ignore_eos = req.ignore_eos.unwrap_or(false);
-    gp.pin = Some(PinUse { key: session.pin, save: None, save_on_abort: false });
+    gp.pin = Some(PinUse {
+        key: session.pin,
+        save: None,
+        save_on_abort: false,
+    });
     gp.on_finish = Some(Box::new(move |_| drop(guard)));
     let rx = generate::start(state, gp)?;
     let head = json!({"id": gen_id, "object": "session.generation", "session_id": session.id, "data_version": version});
@@ -182,7 +209,10 @@ fn finish_reason(f: &Finish) -> &'static str {
     }
 }
 
-async fn collect_response(mut rx: mpsc::UnboundedReceiver<GenEvent>, mut head: Value) -> Result<Response, ApiError> {
+async fn collect_response(
+    mut rx: mpsc::UnboundedReceiver<GenEvent>,
+    mut head: Value,
+) -> Result<Response, ApiError> {
     let mut text = String::new();
     while let Some(ev) = rx.recv().await {
         match ev {
@@ -266,7 +296,11 @@ struct FlashWanted<'a> {
 /// The cached answer for the asked flash query, if one may be served: a fresh one, a stale one
 /// (marked) when the caller set no freshness bound, or one that meets the bound once the
 /// evaluation in flight ends. `None` means generate.
-async fn flash_answer(state: &SharedState, session: &Arc<Session>, w: FlashWanted<'_>) -> Result<Option<Shortcut>, ApiError> {
+async fn flash_answer(
+    state: &SharedState,
+    session: &Arc<Session>,
+    w: FlashWanted<'_>,
+) -> Result<Option<Shortcut>, ApiError> {
     let demanded = w.min_data_version.is_some() || w.max_staleness.is_some();
     let mut done = session.flash_done.subscribe();
     let deadline = tokio::time::Instant::now() + FRESHNESS_WAIT;
@@ -276,7 +310,12 @@ async fn flash_answer(state: &SharedState, session: &Arc<Session>, w: FlashWante
             let q = match w.flash_id {
                 Some(fid) => match st.flash.iter().find(|q| q.id == fid) {
                     Some(q) => Some(q),
-                    None => return Err(ApiError::not_found(format!("flash query `{fid}` not found on session `{}`", session.id))),
+                    None => {
+                        return Err(ApiError::not_found(format!(
+                            "flash query `{fid}` not found on session `{}`",
+                            session.id
+                        )))
+                    }
                 },
                 None => st.flash.iter().find(|q| q.query == w.query),
             };
@@ -308,7 +347,10 @@ async fn flash_answer(state: &SharedState, session: &Arc<Session>, w: FlashWante
         }
         // Wait for the evaluation round in flight (the evaluator is already due to run).
         session.flash_wake.notify_one();
-        if tokio::time::timeout_at(deadline, done.changed()).await.is_err() {
+        if tokio::time::timeout_at(deadline, done.changed())
+            .await
+            .is_err()
+        {
             state.metrics.flash_misses.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         }
@@ -317,7 +359,10 @@ async fn flash_answer(state: &SharedState, session: &Arc<Session>, w: FlashWante
 
 fn flash_shortcut(state: &SharedState, fid: u64, a: FlashAnswer, current: u64) -> Shortcut {
     let lag = current.saturating_sub(a.data_version);
-    state.metrics.flash_lag_versions.fetch_add(lag, Ordering::Relaxed);
+    state
+        .metrics
+        .flash_lag_versions
+        .fetch_add(lag, Ordering::Relaxed);
     Shortcut {
         text: a.value,
         data_version: a.data_version,
@@ -327,7 +372,12 @@ fn flash_shortcut(state: &SharedState, fid: u64, a: FlashAnswer, current: u64) -
 
 /// With `pre_decode`: the candidate whose first token is the ready position's top choice, if
 /// its logit gap clears the threshold.
-fn speculative(state: &SharedState, session: &Session, candidates: &[String], threshold: f32) -> Option<Shortcut> {
+fn speculative(
+    state: &SharedState,
+    session: &Session,
+    candidates: &[String],
+    threshold: f32,
+) -> Option<Shortcut> {
     let (token, gap, version) = {
         let st = session.lock();
         let (t, g) = st.ready?;
@@ -337,7 +387,14 @@ fn speculative(state: &SharedState, session: &Session, candidates: &[String], th
         return None;
     }
     let matching: Vec<&String> = (candidates.iter())
-        .filter(|c| state.tokenizer.encode(c, false).ok().and_then(|t| t.first().copied()) == Some(token))
+        .filter(|c| {
+            state
+                .tokenizer
+                .encode(c, false)
+                .ok()
+                .and_then(|t| t.first().copied())
+                == Some(token)
+        })
         .collect();
     let [only] = matching.as_slice() else {
         return None;

@@ -27,15 +27,18 @@ pub const QUESTION_ROOM: usize = 256;
 /// Tokens taken from the queue per ingest batch (a batch is at least one entry).
 const MAX_BATCH_TOKENS: usize = 2048;
 
-pub async fn tokenize_entries(state: &SharedState, texts: Vec<String>) -> Result<Vec<Entry>, ApiError> {
+pub async fn tokenize_entries(
+    state: &SharedState,
+    texts: Vec<String>,
+) -> Result<Vec<Entry>, ApiError> {
     let tokenizer = state.tokenizer.clone();
     tokio::task::spawn_blocking(move || {
         texts
             .into_iter()
             .map(|text| {
-                let tokens = tokenizer
-                    .encode(&format!("{text}\n"), false)
-                    .map_err(|e| ApiError::invalid("data", format!("could not tokenize an entry: {e}")))?;
+                let tokens = tokenizer.encode(&format!("{text}\n"), false).map_err(|e| {
+                    ApiError::invalid("data", format!("could not tokenize an entry: {e}"))
+                })?;
                 Ok(Entry { text, tokens })
             })
             .collect()
@@ -45,7 +48,11 @@ pub async fn tokenize_entries(state: &SharedState, texts: Vec<String>) -> Result
 }
 
 /// The push ack: queue counters after this push.
-pub fn push(state: &SharedState, session: &Session, entries: Vec<Entry>) -> Result<Value, ApiError> {
+pub fn push(
+    state: &SharedState,
+    session: &Session,
+    entries: Vec<Entry>,
+) -> Result<Value, ApiError> {
     let n = entries.len();
     let bytes: usize = entries.iter().map(|e| e.text.len()).sum();
     let new_tokens: usize = entries.iter().map(|e| e.tokens.len()).sum();
@@ -53,9 +60,10 @@ pub fn push(state: &SharedState, session: &Session, entries: Vec<Entry>) -> Resu
     let mut st = session.lock();
     st.touch();
     if s.window.is_none() {
-        let limit = state.max_model_len.saturating_sub(QUESTION_ROOM.min(state.max_model_len / 4));
-        let opening = if st.layout == Layout::Fresh { session.opening_tokens.len() } else { 0 };
-        let total = st.data_end() + opening + st.pending_tokens() + new_tokens;
+        let limit = state
+            .max_model_len
+            .saturating_sub(QUESTION_ROOM.min(state.max_model_len / 4));
+        let total = st.data_end() + st.pending_tokens() + new_tokens;
         if total > limit {
             let mut e = ApiError::invalid(
                 "data",
@@ -89,7 +97,9 @@ pub fn push(state: &SharedState, session: &Session, entries: Vec<Entry>) -> Resu
     st.pending_bytes += bytes;
     st.total_pushed += n as u64;
     let mut dropped = 0u64;
-    while st.pending.len() > s.max_pending || (st.pending_bytes > s.max_pending_bytes && !st.pending.is_empty()) {
+    while st.pending.len() > s.max_pending
+        || (st.pending_bytes > s.max_pending_bytes && !st.pending.is_empty())
+    {
         if let Some(e) = st.pending.pop_front() {
             st.pending_bytes -= e.text.len();
             dropped += 1;
@@ -108,12 +118,18 @@ pub fn push(state: &SharedState, session: &Session, entries: Vec<Entry>) -> Resu
     if dropped > 0 {
         let ev = json!({"dropped": dropped, "total_dropped": st.total_dropped, "data_version": st.data_version});
         drop(st);
-        state.metrics.session_dropped_entries.fetch_add(dropped, Ordering::Relaxed);
+        state
+            .metrics
+            .session_dropped_entries
+            .fetch_add(dropped, Ordering::Relaxed);
         session.events.publish("dropped", ev);
     } else {
         drop(st);
     }
-    state.metrics.session_pushed_entries.fetch_add(n as u64, Ordering::Relaxed);
+    state
+        .metrics
+        .session_pushed_entries
+        .fetch_add(n as u64, Ordering::Relaxed);
     session.ingest_wake.notify_one();
     Ok(ack)
 }
@@ -129,8 +145,7 @@ struct Batch {
 
 fn take_batch(state: &SharedState, session: &Session) -> Result<Option<Batch>, ApiError> {
     let mut st = session.lock();
-    let opening_due = st.layout == Layout::Fresh && session.settings.prompt.is_some();
-    if st.pending.is_empty() && !opening_due {
+    if st.pending.is_empty() && !st.opening_due {
         return Ok(None);
     }
     let mut entries = Vec::new();
@@ -148,10 +163,12 @@ fn take_batch(state: &SharedState, session: &Session) -> Result<Option<Batch>, A
     let mut base = st.base.clone();
     match st.layout {
         Layout::Data => {}
-        Layout::Fresh => base = session.opening_tokens.clone(),
         Layout::Chat => {
-            let text = layout::data_prefix(state, Layout::Chat, None)?;
-            let t = state.tokenizer.encode(&text, false).map_err(|e| ApiError::internal(e.to_string()))?;
+            let text = layout::data_prefix(state, Layout::Chat)?;
+            let t = state
+                .tokenizer
+                .encode(&text, false)
+                .map_err(|e| ApiError::internal(e.to_string()))?;
             base.extend(t);
         }
     }
@@ -160,14 +177,25 @@ fn take_batch(state: &SharedState, session: &Session) -> Result<Option<Batch>, A
     let (mut evicted, mut evicted_tokens) = (0, 0);
     if let Some(window) = session.settings.window {
         let mut data: usize = retained.iter().map(|e| e.tokens.len()).sum();
-        while data > window {
+        let target = if data > window {
+            session.settings.evict_to.unwrap_or(window)
+        } else {
+            window
+        };
+        while data > target {
             let Some(e) = retained.pop_front() else { break };
             data -= e.tokens.len();
             evicted += 1;
             evicted_tokens += e.tokens.len();
         }
     }
-    Ok(Some(Batch { entries, base, retained, evicted, evicted_tokens }))
+    Ok(Some(Batch {
+        entries,
+        base,
+        retained,
+        evicted,
+        evicted_tokens,
+    }))
 }
 
 /// The ingest worker; ends when the session is deleted.
@@ -179,7 +207,7 @@ pub async fn run_ingest(state: SharedState, session: Arc<Session>) {
         }
         let idle = {
             let st = session.lock();
-            st.pending.is_empty() && !(st.layout == Layout::Fresh && session.settings.prompt.is_some())
+            st.pending.is_empty() && !st.opening_due
         };
         if idle {
             wake.await;
@@ -214,7 +242,11 @@ async fn ingest_batch(state: &SharedState, session: &Arc<Session>, batch: Batch)
     let mut params = GenParams::new(prompt, greedy(2), Some(1));
     params.priority = Priority::Ingest;
     params.ignore_eos = true;
-    params.pin = Some(PinUse { key: session.pin, save: Some(PinSave::Prompt), save_on_abort: false });
+    params.pin = Some(PinUse {
+        key: session.pin,
+        save: Some(PinSave::Prompt),
+        save_on_abort: false,
+    });
     params.on_finish = Some(Box::new(move |f| {
         let _ = tx.send(f);
     }));
@@ -232,28 +264,43 @@ async fn ingest_batch(state: &SharedState, session: &Arc<Session>, batch: Batch)
     let Ok(Some(finished)) = rx.await else {
         return;
     };
-    let ready = finished.first_top.first().map(|&(t, _)| (t, logit_gap(&finished.first_top)));
+    let ready = finished
+        .first_top
+        .first()
+        .map(|&(t, _)| (t, logit_gap(&finished.first_top)));
     let n = batch.entries.len() as u64;
     let data = {
         let mut st = session.lock();
         st.base = batch.base;
-        st.opening_len = if session.settings.prompt.is_some() { session.opening_tokens.len() } else { 0 };
+        st.opening_due = false;
         st.data_tokens = batch.retained.iter().map(|e| e.tokens.len()).sum();
         st.entries = batch.retained;
         st.layout = Layout::Data;
+        if session.settings.pre_decode {
+            st.ready = ready;
+        }
+        // The opening alone is not data: no new version, nothing for flash queries.
+        if n == 0 {
+            return;
+        }
         st.data_version += 1;
         st.evicted += batch.evicted as u64;
         st.evicted_tokens += batch.evicted_tokens as u64;
         if batch.evicted > 0 {
             st.window_recomputes += 1;
         }
-        if session.settings.pre_decode {
-            st.ready = ready;
-        }
         debug_assert_eq!(st.data_end(), durable_len);
         json!({"data_version": st.data_version, "tokens": st.data_end(), "pending": st.pending.len()})
     };
-    state.metrics.session_ingested_entries.fetch_add(n, Ordering::Relaxed);
+    state
+        .metrics
+        .session_ingested_entries
+        .fetch_add(n, Ordering::Relaxed);
+    let tokens: usize = batch.entries.iter().map(|e| e.tokens.len()).sum();
+    state
+        .metrics
+        .session_ingested_tokens
+        .fetch_add(tokens as u64, Ordering::Relaxed);
     session.events.publish("data_updated", data);
     session.flash_wake.notify_one();
 }
@@ -266,6 +313,9 @@ fn lose_batch(state: &SharedState, session: &Session, n: usize, err: &ApiError) 
         st.total_dropped += n as u64;
         json!({"dropped": n, "total_dropped": st.total_dropped, "data_version": st.data_version, "message": err.message})
     };
-    state.metrics.session_dropped_entries.fetch_add(n as u64, Ordering::Relaxed);
+    state
+        .metrics
+        .session_dropped_entries
+        .fetch_add(n as u64, Ordering::Relaxed);
     session.events.publish("dropped", ev);
 }

@@ -17,12 +17,18 @@ pub struct QuestionText {
     pub after: String,
 }
 
-fn render(state: &AppState, messages: Value, gen: bool, kwargs: &Map<String, Value>) -> Result<String, ApiError> {
+fn render(
+    state: &AppState,
+    messages: Value,
+    gen: bool,
+    kwargs: &Map<String, Value>,
+) -> Result<String, ApiError> {
     let Some(t) = &state.template else {
         return Ok(String::new());
     };
-    t.render(&messages, None, gen, kwargs)
-        .map_err(|e| ApiError::internal(format!("the chat template failed on a session layout: {e}")))
+    t.render(&messages, None, gen, kwargs).map_err(|e| {
+        ApiError::internal(format!("the chat template failed on a session layout: {e}"))
+    })
 }
 
 fn messages(system: Option<&str>, user: &str) -> Value {
@@ -35,7 +41,11 @@ fn messages(system: Option<&str>, user: &str) -> Value {
 }
 
 /// The opening and the turn's closing (generation prompt included), cut around the marker.
-fn split_turn(state: &AppState, system: Option<&str>, kwargs: &Map<String, Value>) -> Result<(String, String), ApiError> {
+fn split_turn(
+    state: &AppState,
+    system: Option<&str>,
+    kwargs: &Map<String, Value>,
+) -> Result<(String, String), ApiError> {
     if state.template.is_none() {
         let head = system.map(|s| format!("{s}\n")).unwrap_or_default();
         return Ok((head, "\n".into()));
@@ -43,7 +53,9 @@ fn split_turn(state: &AppState, system: Option<&str>, kwargs: &Map<String, Value
     let text = render(state, messages(system, MARK), true, kwargs)?;
     match text.split_once(MARK) {
         Some((head, tail)) => Ok((head.to_string(), tail.to_string())),
-        None => Err(ApiError::internal("the chat template drops the user message")),
+        None => Err(ApiError::internal(
+            "the chat template drops the user message",
+        )),
     }
 }
 
@@ -58,15 +70,22 @@ fn turn_head(state: &AppState) -> Result<String, ApiError> {
         return Ok(String::new());
     }
     let sys = "s";
-    let closed = render(state, json!([{"role": "system", "content": sys}]), false, &Map::new())?;
+    let closed = render(
+        state,
+        json!([{"role": "system", "content": sys}]),
+        false,
+        &Map::new(),
+    )?;
     let (head, _) = split_turn(state, Some(sys), &Map::new())?;
-    Ok(head.strip_prefix(&closed).map(str::to_string).unwrap_or_else(|| "\n".into()))
+    Ok(head
+        .strip_prefix(&closed)
+        .map(str::to_string)
+        .unwrap_or_else(|| "\n".into()))
 }
 
 /// The text before data entries when the context is at `layout` (empty inside a data turn).
-pub fn data_prefix(state: &AppState, layout: Layout, prompt: Option<&str>) -> Result<String, ApiError> {
+pub fn data_prefix(state: &AppState, layout: Layout) -> Result<String, ApiError> {
     match layout {
-        Layout::Fresh => opening(state, prompt),
         Layout::Data => Ok(String::new()),
         Layout::Chat => turn_head(state),
     }
@@ -82,13 +101,17 @@ pub fn question(
 ) -> Result<QuestionText, ApiError> {
     let (_, after) = split_turn(state, prompt, kwargs)?;
     Ok(QuestionText {
-        before: data_prefix(state, layout, prompt)?,
+        before: data_prefix(state, layout)?,
         after,
     })
 }
 
 /// Whether `kwargs` leave the generation prompt as it is by default (shortcuts allowed).
-pub fn default_generation_prompt(state: &AppState, prompt: Option<&str>, kwargs: &Map<String, Value>) -> bool {
+pub fn default_generation_prompt(
+    state: &AppState,
+    prompt: Option<&str>,
+    kwargs: &Map<String, Value>,
+) -> bool {
     if kwargs.is_empty() {
         return true;
     }

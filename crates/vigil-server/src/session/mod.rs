@@ -37,7 +37,10 @@ fn not_found(id: &str) -> ApiError {
 }
 
 pub fn valid_id(id: &str) -> bool {
-    (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl SessionRegistry {
@@ -113,7 +116,10 @@ impl SessionRegistry {
             let pin = self.next_pin.fetch_add(1, Ordering::Relaxed);
             let s = Arc::new(Session::new(id.clone(), pin, settings, opening_tokens));
             map.insert(id, s.clone());
-            state.metrics.sessions_live.store(map.len(), Ordering::Relaxed);
+            state
+                .metrics
+                .sessions_live
+                .store(map.len(), Ordering::Relaxed);
             s
         };
         tokio::spawn(ingest::run_ingest(state.clone(), session.clone()));
@@ -137,17 +143,25 @@ impl SessionRegistry {
     async fn remove(&self, state: &SharedState, session: &Arc<Session>) {
         {
             let mut map = self.map();
-            if map.get(&session.id).is_some_and(|s| Arc::ptr_eq(s, session)) {
+            if map
+                .get(&session.id)
+                .is_some_and(|s| Arc::ptr_eq(s, session))
+            {
                 map.remove(&session.id);
             }
-            state.metrics.sessions_live.store(map.len(), Ordering::Relaxed);
+            state
+                .metrics
+                .sessions_live
+                .store(map.len(), Ordering::Relaxed);
         }
         session.mark_deleted();
         // Wait (briefly) for the batch or warm in flight to let go, so no request saves to
         // the pin after it is dropped; their aborts reach the engine first either way.
         let _ = tokio::time::timeout(Duration::from_secs(2), session.writer.lock()).await;
         let _ = state.engine.drop_pin(session.pin);
-        session.events.publish("deleted", serde_json::json!({"session_id": session.id}));
+        session
+            .events
+            .publish("deleted", serde_json::json!({"session_id": session.id}));
     }
 
     /// End every session's event streams and workers (at shutdown).
@@ -163,7 +177,10 @@ impl SessionRegistry {
         let expired: Vec<Arc<Session>> = (self.map().values())
             .filter(|s| {
                 let st = s.lock();
-                !st.busy() && st.pending.is_empty() && st.subscribers == 0 && st.last_used.elapsed() >= self.ttl
+                !st.busy()
+                    && st.pending.is_empty()
+                    && st.subscribers == 0
+                    && st.last_used.elapsed() >= self.ttl
             })
             .cloned()
             .collect();

@@ -40,6 +40,7 @@ struct CreateRequest {
     id: Option<String>,
     pre_decode: Option<bool>,
     window: Option<i64>,
+    evict_to: Option<i64>,
     prompt: Option<String>,
     overflow: Option<Overflow>,
     max_pending: Option<i64>,
@@ -50,7 +51,10 @@ fn positive(field: &str, v: Option<i64>, default: usize) -> Result<usize, ApiErr
     match v {
         None => Ok(default),
         Some(n) if n >= 1 => Ok(n as usize),
-        Some(n) => Err(ApiError::invalid(field, format!("`{field}` must be at least 1, got {n}"))),
+        Some(n) => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be at least 1, got {n}"),
+        )),
     }
 }
 
@@ -66,7 +70,9 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
         .tokenizer
         .encode(&opening_text, false)
         .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?;
-    let room = state.max_model_len.saturating_sub(opening.len() + ingest::QUESTION_ROOM.min(state.max_model_len / 4));
+    let room = state
+        .max_model_len
+        .saturating_sub(opening.len() + ingest::QUESTION_ROOM.min(state.max_model_len / 4));
     let window = match req.window {
         None => None,
         Some(w) if w >= 1 && (w as usize) <= room => Some(w as usize),
@@ -77,16 +83,34 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
             ))
         }
     };
+    let evict_to = match (req.evict_to, window) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(ApiError::invalid("evict_to", "`evict_to` needs a `window`"))
+        }
+        (Some(e), Some(w)) if e >= 0 && (e as usize) <= w => Some(e as usize),
+        (Some(e), Some(w)) => {
+            return Err(ApiError::invalid(
+                "evict_to",
+                format!("`evict_to` must be between 0 and the window ({w}), got {e}"),
+            ))
+        }
+    };
     if room == 0 {
         return Err(ApiError::context_length(opening.len(), state.max_model_len));
     }
     let settings = SessionSettings {
         window,
+        evict_to,
         pre_decode: req.pre_decode.unwrap_or(false),
         prompt: req.prompt,
         overflow: req.overflow.unwrap_or(Overflow::DropOldest),
         max_pending: positive("max_pending", req.max_pending, DEFAULT_MAX_PENDING)?,
-        max_pending_bytes: positive("max_pending_bytes", req.max_pending_bytes, DEFAULT_MAX_PENDING_BYTES)?,
+        max_pending_bytes: positive(
+            "max_pending_bytes",
+            req.max_pending_bytes,
+            DEFAULT_MAX_PENDING_BYTES,
+        )?,
     };
     let s = state.sessions.create(state, req.id, settings, opening)?;
     let last = s.lock().last_used_unix;
@@ -142,12 +166,19 @@ struct PushRequest {
 pub fn push_entries(data: PushData) -> Result<Vec<String>, ApiError> {
     match data {
         PushData::One(s) => Ok(vec![s]),
-        PushData::Many(v) if v.is_empty() => Err(ApiError::invalid("data", "`data` must be a string or a non-empty list of strings")),
+        PushData::Many(v) if v.is_empty() => Err(ApiError::invalid(
+            "data",
+            "`data` must be a string or a non-empty list of strings",
+        )),
         PushData::Many(v) => Ok(v),
     }
 }
 
-pub async fn push(State(state): State<SharedState>, Path(id): Path<String>, body: Body) -> Response {
+pub async fn push(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Response {
     let r = async {
         let session = state.sessions.get(&id)?;
         let req: PushRequest = parse_body(body, Flavor::OpenAi)?;
@@ -182,14 +213,21 @@ struct FlashRequest {
     max_tokens: Option<i64>,
 }
 
-pub async fn add_flash(State(state): State<SharedState>, Path(id): Path<String>, body: Body) -> Response {
+pub async fn add_flash(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Response {
     let r = async {
         let session = state.sessions.get(&id)?;
         let req: FlashRequest = parse_body(body, Flavor::OpenAi)?;
         if req.query.trim().is_empty() {
             return Err(ApiError::invalid("query", "`query` must not be empty"));
         }
-        let max_tokens = req.max_tokens.unwrap_or(DEFAULT_FLASH_MAX_TOKENS as i64).clamp(1, 256) as usize;
+        let max_tokens = req
+            .max_tokens
+            .unwrap_or(DEFAULT_FLASH_MAX_TOKENS as i64)
+            .clamp(1, 256) as usize;
         let tokens = state
             .tokenizer
             .encode(&req.query, false)
@@ -198,7 +236,9 @@ pub async fn add_flash(State(state): State<SharedState>, Path(id): Path<String>,
         let v = {
             let mut st = session.lock();
             if st.flash.iter().any(|q| q.query == req.query) {
-                return Err(conflict("this flash query is already registered on the session"));
+                return Err(conflict(
+                    "this flash query is already registered on the session",
+                ));
             }
             if st.flash.len() >= MAX_FLASH_QUERIES {
                 return Err(conflict(format!(
@@ -230,16 +270,24 @@ pub async fn add_flash(State(state): State<SharedState>, Path(id): Path<String>,
 pub async fn list_flash(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
     let r = state.sessions.get(&id).map(|s| {
         let st = s.lock();
-        let data: Vec<Value> = st.flash.iter().map(|q| q.to_json(st.data_version)).collect();
+        let data: Vec<Value> = st
+            .flash
+            .iter()
+            .map(|q| q.to_json(st.data_version))
+            .collect();
         json!({"object": "list", "data": data, "data_version": st.data_version})
     });
     respond(&state, r)
 }
 
-pub async fn delete_flash(State(state): State<SharedState>, Path((id, fid)): Path<(String, String)>) -> Response {
+pub async fn delete_flash(
+    State(state): State<SharedState>,
+    Path((id, fid)): Path<(String, String)>,
+) -> Response {
     let r = (|| {
         let session: Arc<Session> = state.sessions.get(&id)?;
-        let not_found = || ApiError::not_found(format!("flash query `{fid}` not found on session `{id}`"));
+        let not_found =
+            || ApiError::not_found(format!("flash query `{fid}` not found on session `{id}`"));
         let fid_n: u64 = fid.parse().map_err(|_| not_found())?;
         let mut st = session.lock();
         let before = st.flash.len();
@@ -247,7 +295,9 @@ pub async fn delete_flash(State(state): State<SharedState>, Path((id, fid)): Pat
         if st.flash.len() == before {
             return Err(not_found());
         }
-        Ok(json!({"id": fid_n, "object": "session.flash_query.deleted", "deleted": true, "remaining": st.flash.len()}))
+        Ok(
+            json!({"id": fid_n, "object": "session.flash_query.deleted", "deleted": true, "remaining": st.flash.len()}),
+        )
     })();
     respond(&state, r)
 }

@@ -28,6 +28,9 @@ pub enum Overflow {
 #[derive(Debug, Clone)]
 pub struct SessionSettings {
     pub window: Option<usize>,
+    /// When the data exceeds `window`, evict down to this many tokens (≤ `window`): each
+    /// recompute then buys room for `window - evict_to` tokens of new data.
+    pub evict_to: Option<usize>,
     pub pre_decode: bool,
     pub prompt: Option<String>,
     pub overflow: Overflow,
@@ -35,11 +38,10 @@ pub struct SessionSettings {
     pub max_pending_bytes: usize,
 }
 
-/// Where the durable context ends, which decides how a question is appended.
+/// Where the durable context ends, which decides how a question is appended. A new session
+/// starts with its opening, an open user turn: `Data`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// Nothing rendered yet: a question brings the template's opening with it.
-    Fresh,
     /// Inside an open user turn holding the data: a question completes that turn.
     Data,
     /// After a closed turn (an agent reply, a warmed prompt): a question opens a new turn.
@@ -56,11 +58,14 @@ pub struct Entry {
 pub struct SessionState {
     /// Tokens before the data region: the opening, or a conversation plus a new user turn.
     pub base: Vec<u32>,
-    /// Tokens of the opening alone (the pinned `prompt`), which the window never evicts.
+    /// Tokens of the opening (the template head with the pinned `prompt`), which the window
+    /// never evicts.
     pub opening_len: usize,
     pub entries: VecDeque<Entry>,
     pub data_tokens: usize,
     pub layout: Layout,
+    /// The opening is in the mirror but not yet KV-resident (a new session).
+    pub opening_due: bool,
     pub data_version: u64,
     pub pending: VecDeque<Entry>,
     pub pending_bytes: usize,
@@ -138,24 +143,31 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(id: String, pin: PinKey, settings: SessionSettings, opening_tokens: Vec<u32>) -> Self {
+    pub fn new(
+        id: String,
+        pin: PinKey,
+        settings: SessionSettings,
+        opening_tokens: Vec<u32>,
+    ) -> Self {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
+        let opening_len = opening_tokens.len();
         Session {
             id,
             pin,
             created: (now / 1000) as u64,
             created_ms: now,
             settings,
-            opening_tokens,
+            opening_tokens: opening_tokens.clone(),
             state: Mutex::new(SessionState {
-                base: Vec::new(),
-                opening_len: 0,
+                base: opening_tokens,
+                opening_len,
                 entries: VecDeque::new(),
                 data_tokens: 0,
-                layout: Layout::Fresh,
+                layout: Layout::Data,
+                opening_due: true,
                 data_version: 0,
                 pending: VecDeque::new(),
                 pending_bytes: 0,
@@ -245,6 +257,7 @@ impl Session {
         });
         if let Some(w) = self.settings.window {
             v["window"] = json!(w);
+            v["evict_to"] = json!(self.settings.evict_to.unwrap_or(w));
         }
         if st.opening_len > 0 {
             v["frozen_end"] = json!(st.opening_len);

@@ -64,7 +64,11 @@ fn sse_frame(id: Option<u64>, kind: &str, data: &Value) -> String {
     }
 }
 
-pub async fn events(State(state): State<SharedState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+pub async fn events(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let session = match state.sessions.get(&id) {
         Ok(s) => s,
         Err(e) => return error_response(&state, e),
@@ -77,7 +81,9 @@ pub async fn events(State(state): State<SharedState>, Path(id): Path<String>, he
     // Resume from the buffer when it reaches back to the client's last event; otherwise
     // resynchronise from the cached answers.
     let resumed = last_id.is_some_and(|last| {
-        buffered.first().map_or(session.events.next_id() == last + 1, |e| e.id == last + 1)
+        buffered
+            .first()
+            .map_or(session.events.next_id() == last + 1, |e| e.id == last + 1)
     });
     let (tx, out) = mpsc::unbounded_channel::<String>();
     let sub = Subscriber::new(session.clone());
@@ -129,7 +135,10 @@ pub async fn ws(
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
     if !valid_id(&id) {
-        return error_response(&state, ApiError::invalid("id", format!("malformed session id in the path: `{id}`")));
+        return error_response(
+            &state,
+            ApiError::invalid("id", format!("malformed session id in the path: `{id}`")),
+        );
     }
     let session = match state.sessions.get(&id) {
         Ok(s) => s,
@@ -137,7 +146,12 @@ pub async fn ws(
     };
     let upgrade = match upgrade {
         Ok(u) => u,
-        Err(e) => return error_response(&state, ApiError::bad_request(format!("not a WebSocket upgrade: {e}"))),
+        Err(e) => {
+            return error_response(
+                &state,
+                ApiError::bad_request(format!("not a WebSocket upgrade: {e}")),
+            )
+        }
     };
     upgrade
         .max_message_size(WS_MAX_FRAME)
@@ -162,7 +176,11 @@ fn envelope(kind: &str, data: Value, event_id: Option<u64>) -> Message {
 }
 
 fn ws_error(e: &ApiError) -> Message {
-    envelope("error", json!({"message": e.message, "code": e.status.as_u16()}), None)
+    envelope(
+        "error",
+        json!({"message": e.message, "code": e.status.as_u16()}),
+        None,
+    )
 }
 
 async fn serve_socket(state: SharedState, session: Arc<Session>, mut socket: WebSocket) {
@@ -170,7 +188,11 @@ async fn serve_socket(state: SharedState, session: Arc<Session>, mut socket: Web
     let (mut rx, _) = session.events.subscribe(None);
     let (connected, flash_replay) = opening_events(&session);
     let mut out = vec![envelope("connected", connected, None)];
-    out.extend(flash_replay.into_iter().map(|d| envelope("flash_ready", d, None)));
+    out.extend(
+        flash_replay
+            .into_iter()
+            .map(|d| envelope("flash_ready", d, None)),
+    );
     for m in out {
         if socket.send(m).await.is_err() {
             return;

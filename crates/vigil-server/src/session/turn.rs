@@ -47,13 +47,16 @@ impl Drop for TurnGuard {
 }
 
 /// The session named by the request's header, if any (404 when it does not exist).
-pub fn session_of(state: &SharedState, headers: &HeaderMap) -> Result<Option<Arc<Session>>, ApiError> {
+pub fn session_of(
+    state: &SharedState,
+    headers: &HeaderMap,
+) -> Result<Option<Arc<Session>>, ApiError> {
     let Some(v) = headers.get(SESSION_HEADER) else {
         return Ok(None);
     };
-    let id = v
-        .to_str()
-        .map_err(|_| ApiError::invalid(SESSION_HEADER, "the session id header is not valid text"))?;
+    let id = v.to_str().map_err(|_| {
+        ApiError::invalid(SESSION_HEADER, "the session id header is not valid text")
+    })?;
     state.sessions.get(id).map(Some)
 }
 
@@ -76,7 +79,10 @@ pub async fn begin(session: &Arc<Session>, prompt: &[u32]) -> Result<Turn, ApiEr
     let guard = TurnGuard(session.clone());
     let writer = session.writer.clone().lock_owned().await;
     if session.is_deleted() {
-        return Err(ApiError::not_found(format!("session `{}` not found", session.id)));
+        return Err(ApiError::not_found(format!(
+            "session `{}` not found",
+            session.id
+        )));
     }
     let s = session.clone();
     let prompt = prompt.to_vec();
@@ -90,7 +96,11 @@ pub async fn begin(session: &Arc<Session>, prompt: &[u32]) -> Result<Turn, ApiEr
         drop(guard);
     });
     Ok(Turn {
-        pin: PinUse { key: session.pin, save: Some(PinSave::All), save_on_abort: false },
+        pin: PinUse {
+            key: session.pin,
+            save: Some(PinSave::All),
+            save_on_abort: false,
+        },
         on_finish,
     })
 }
@@ -144,7 +154,12 @@ async fn warm_inner(
     )?;
     let prompt = render_chat(
         state,
-        ChatPromptSpec { messages: &messages, tools: tools.as_ref(), kwargs, forced: None },
+        ChatPromptSpec {
+            messages: &messages,
+            tools: tools.as_ref(),
+            kwargs,
+            forced: None,
+        },
     )
     .await?
     .ids;
@@ -155,7 +170,9 @@ async fn warm_inner(
     {
         let mut st = session.lock();
         if st.turn_active {
-            return Err(conflict(format!("session `{id}` is busy: a turn is in flight")));
+            return Err(conflict(format!(
+                "session `{id}` is busy: a turn is in flight"
+            )));
         }
         // A newer warm takes over from an older one.
         if let Some(old) = st.warm_cancel.replace(cancel_tx) {
@@ -170,7 +187,11 @@ async fn warm_inner(
         let st = session.lock();
         (st.mirror(), st.data_version)
     };
-    let common = mirror.iter().zip(&prompt).take_while(|(a, b)| a == b).count();
+    let common = mirror
+        .iter()
+        .zip(&prompt)
+        .take_while(|(a, b)| a == b)
+        .count();
     let held = state.engine.pin_kv_tokens(session.pin).min(mirror.len());
     if common == prompt.len() && held + 1 >= prompt.len() {
         drop(writer);
@@ -180,7 +201,11 @@ async fn warm_inner(
     let mut gp = GenParams::new(prompt.clone(), SamplingParams::default(), Some(1));
     gp.priority = Priority::Background;
     gp.ignore_eos = true;
-    gp.pin = Some(PinUse { key: session.pin, save: Some(PinSave::Prompt), save_on_abort: true });
+    gp.pin = Some(PinUse {
+        key: session.pin,
+        save: Some(PinSave::Prompt),
+        save_on_abort: true,
+    });
     gp.on_finish = Some(Box::new(move |f| {
         let _ = tx.send(f);
     }));
@@ -221,7 +246,12 @@ async fn warm_inner(
     Ok(warm_json(&session, reason, prompt.len(), cached))
 }
 
-fn warm_json(session: &Session, reason: &str, prompt_tokens: usize, cached: usize) -> serde_json::Value {
+fn warm_json(
+    session: &Session,
+    reason: &str,
+    prompt_tokens: usize,
+    cached: usize,
+) -> serde_json::Value {
     let st = session.lock();
     json!({
         "id": crate::ids::new_id("warm-"),
