@@ -100,9 +100,10 @@ pub struct Settings {
     pub period_ms: u32,
     pub window_tokens: u32,
     pub answer_tokens: u32,
-    /// live-stream: measured stateless replays per target (default: `iterations`); replay of
-    /// a full window is by far the slowest query on a CPU.
+    /// live-stream: measured stateless replays and cold queries per target (default:
+    /// `iterations`); on a CPU these take seconds each, flash answers milliseconds.
     pub replay_iterations: Option<u32>,
+    pub cold_iterations: Option<u32>,
     /// What every request asks: temperature 0, `ignore_eos`, `min_tokens` = `max_tokens`.
     pub temperature: f64,
     pub ignore_eos: bool,
@@ -132,6 +133,7 @@ impl Default for Settings {
             window_tokens: 1024,
             answer_tokens: 16,
             replay_iterations: None,
+            cold_iterations: None,
             temperature: 0.0,
             ignore_eos: true,
             min_tokens_equal_max_tokens: true,
@@ -269,6 +271,10 @@ impl PlannedPoint {
                 mode: LiveMode::Replay,
                 ..
             } => s.replay_iterations.unwrap_or(s.iterations),
+            Shape::LiveStream {
+                mode: LiveMode::Cold,
+                ..
+            } => s.cold_iterations.unwrap_or(s.iterations),
             _ => s.iterations,
         }
     }
@@ -368,9 +374,9 @@ pub fn plan(workload: Workload, s: &Settings) -> Result<Vec<PlannedPoint>, Bench
                     s.answer_tokens,
                 ],
             )?;
-            if s.replay_iterations == Some(0) {
+            if s.replay_iterations == Some(0) || s.cold_iterations == Some(0) {
                 return Err(BenchError::Setting(
-                    "replay iterations must be at least 1".into(),
+                    "replay and cold iterations must be at least 1".into(),
                 ));
             }
             if s.window_tokens < 2 * s.entry_tokens {
@@ -432,12 +438,14 @@ mod tests {
     fn live_stream_plans_three_modes_on_one_stream() {
         let s = Settings {
             replay_iterations: Some(5),
+            cold_iterations: Some(4),
             ..Settings::default()
         };
         let live = plan(Workload::LiveStream, &s).unwrap();
         let labels: Vec<&str> = live.iter().map(|p| p.label.as_str()).collect();
         assert_eq!(labels, ["flash query", "cold query", "stateless replay"]);
         assert_eq!(live[0].measured_requests(&s), 20);
+        assert_eq!(live[1].measured_requests(&s), 4);
         assert_eq!(live[2].measured_requests(&s), 5);
         assert_eq!(live[2].params()["window_tokens"], 1024);
         assert_eq!(live[1].context_need(), 1024 + 16 + LIVE_QUERY_ROOM);

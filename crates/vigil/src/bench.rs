@@ -91,6 +91,9 @@ struct RunArgs {
     /// live-stream: measured stateless replays per target [default: --iterations].
     #[arg(long)]
     replay_iterations: Option<u32>,
+    /// live-stream: measured cold queries per session target [default: --iterations].
+    #[arg(long)]
+    cold_iterations: Option<u32>,
     /// The servers' prefix-cache setting, recorded in the result file (the harness cannot see it).
     #[arg(long)]
     prefix_cache: Option<String>,
@@ -143,6 +146,7 @@ fn run_workload(a: RunArgs) -> Result<()> {
         window_tokens: a.window_tokens.unwrap_or(d.window_tokens),
         answer_tokens: a.answer_tokens.unwrap_or(d.answer_tokens),
         replay_iterations: a.replay_iterations.or(d.replay_iterations),
+        cold_iterations: a.cold_iterations.or(d.cold_iterations),
         prefix_cache: a.prefix_cache.unwrap_or(d.prefix_cache),
         ..d
     };

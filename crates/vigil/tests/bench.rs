@@ -180,6 +180,7 @@ fn check_live(file: &Value) {
         "{live}"
     );
     assert_eq!(num(&live["push_errors"], "push_errors"), 0.0);
+    assert_eq!(num(&live["stream_stalls"], "stream_stalls"), 0.0);
     // Entries are sized on the server's tokenizer to within a field (a few tokens) of 24.
     let tokens = &live["entry_tokens"];
     assert!(
@@ -380,6 +381,7 @@ fn bench_every_workload_then_report() {
             "--window-tokens=160",
             "--answer-tokens=8",
             "--replay-iterations=3",
+            "--cold-iterations=2",
         ],
     );
     check_live(&live);
@@ -425,6 +427,7 @@ fn bench_every_workload_then_report() {
     assert!(
         md.contains("| vigil ") && md.contains("Stream: entries of about 24 tokens every 200 ms")
     );
+    assert!(md.contains("flash 2, cold 2, replay 3."), "{md}");
     let html = std::fs::read_to_string(report.join("report.html")).expect("report.html");
     // Charts: 4 metrics (single) + 5 (concurrent) + 2 (prefill) + 4 (agent loop) + 5 (live).
     assert_eq!(check_balanced(&html), 20);

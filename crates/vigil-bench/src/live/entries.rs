@@ -171,9 +171,6 @@ pub struct EntrySource {
     next_index: u64,
     /// Characters per token seen so far: the first guess at how many fields to count.
     chars_per_token: f64,
-    ready: VecDeque<Entry>,
-    /// Token counts of every entry handed out.
-    pub handed_out: Vec<u32>,
 }
 
 impl EntrySource {
@@ -185,8 +182,6 @@ impl EntrySource {
             target,
             next_index: 0,
             chars_per_token: 3.0,
-            ready: VecDeque::new(),
-            handed_out: Vec::new(),
         }
     }
 
@@ -194,33 +189,10 @@ impl EntrySource {
         self.counter.method
     }
 
-    /// Sizes `n` more entries ahead, so the stream does not count tokens while it is measured.
-    pub async fn prefetch(
-        &mut self,
-        client: &Client,
-        model: &str,
-        n: usize,
-    ) -> Result<(), BenchError> {
-        for _ in 0..n {
-            let e = self.size_next(client, model).await?;
-            self.ready.push_back(e);
-        }
-        Ok(())
-    }
-
-    pub async fn next(&mut self, client: &Client, model: &str) -> Result<Entry, BenchError> {
-        let e = match self.ready.pop_front() {
-            Some(e) => e,
-            None => self.size_next(client, model).await?,
-        };
-        self.handed_out.push(e.tokens);
-        Ok(e)
-    }
-
     /// The next entry sized to the target: fields are added (or dropped) one at a time until
     /// the count crosses the target, then up to `REFINE` other fields are tried in place of the
     /// last one; the closest line wins (ties: the first found).
-    async fn size_next(&mut self, client: &Client, model: &str) -> Result<Entry, BenchError> {
+    pub async fn size_next(&mut self, client: &Client, model: &str) -> Result<Entry, BenchError> {
         const REFINE: usize = 6;
         let target = self.target;
         let max_fields = target as usize + 1;

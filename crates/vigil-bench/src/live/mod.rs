@@ -29,7 +29,7 @@ use crate::workload::{LiveMode, PlannedPoint, Settings, Shape, StreamShape};
 use crate::BenchError;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -42,6 +42,8 @@ pub const FLASH_QUESTION: &str =
     "Has any sensor reported status fault? Answer yes or no, then name the sensor.";
 /// The unannounced question of the cold phase.
 pub const COLD_QUESTION: &str = "Which sensor reported the highest temperature, and what was it?";
+/// Entries sized ahead of the stream.
+const SIZED_AHEAD: usize = 64;
 /// A query sent more than this after it fell due counts as late.
 const LATE_MS: f64 = 5.0;
 /// Failure messages kept in the record.
@@ -66,6 +68,8 @@ pub struct LiveRecord {
     /// Pushes the session refused, and entries it dropped (`overflow`).
     pub push_errors: u64,
     pub dropped_entries: u64,
+    /// Pushes that waited for an entry to be sized (the stream fell off its cadence).
+    pub stream_stalls: u64,
     pub errors: Vec<String>,
     /// After the fill: the session's retained entries against the client's window.
     pub window_check: Option<WindowCheck>,
@@ -114,9 +118,11 @@ pub async fn run_target(
     );
     let mut window = Window::new(shape.window_tokens);
     let mut fill = Vec::new();
+    let mut tokens = Vec::new();
     loop {
-        let e = source.next(client, model).await?;
+        let e = source.size_next(client, model).await?;
         fill.push(e.text.clone());
+        tokens.push(e.tokens);
         if window.push(e) > 0 {
             break;
         }
@@ -135,9 +141,10 @@ pub async fn run_target(
     let mut flash_id = None;
     if let Some(s) = &session {
         record.sessions = true;
-        let ack = s.push(&fill).await?;
-        let state = s.wait_resident(&ack, timeout).await?;
-        record.window_check = Some(window_check(s, &window, &state).await?);
+        s.push(&fill).await?;
+        let last = fill.last().map_or("", String::as_str);
+        let held = s.wait_ingested(last, timeout).await?;
+        record.window_check = Some(window_check(s, &window, held).await?);
         let fid = s.add_flash(FLASH_QUESTION, shape.answer_tokens).await?;
         let t0 = Instant::now();
         if s.wait_flash_answer(fid, timeout).await?.is_some() {
@@ -161,35 +168,42 @@ pub async fn run_target(
     let modes: Vec<&PlannedPoint> = (points.iter())
         .filter(|p| record.sessions || !mode_of(p).needs_sessions())
         .collect();
-    let queries: u32 = (modes.iter())
-        .map(|p| ctx.settings.warmup + p.measured_requests(ctx.settings))
-        .sum();
-    source.prefetch(client, model, queries as usize + 8).await?;
+    let mut ready = VecDeque::new();
+    for _ in 0..SIZED_AHEAD {
+        ready.push_back(source.size_next(client, model).await?);
+    }
     let stream = Stream {
         ctx,
         shape,
         source: tokio::sync::Mutex::new(source),
+        ready: Mutex::new(ready),
+        sized: Notify::new(),
+        taken: Notify::new(),
+        tokens: Mutex::new(tokens),
         window: Mutex::new(window),
         session: tokio::sync::Mutex::new(session),
         record: Mutex::new(record),
-        pushed: AtomicU64::new(fill.len() as u64),
-        stop: Notify::new(),
+        stalls: AtomicU64::new(0),
+        stop_pusher: Notify::new(),
+        stop_sizer: Notify::new(),
     };
     let phases = async {
         let r = stream.phases(&modes, flash_id).await;
-        stream.stop.notify_one();
+        stream.stop_pusher.notify_one();
+        stream.stop_sizer.notify_one();
         r
     };
-    let ((), measured) = tokio::join!(stream.pusher(), phases);
+    let ((), (), measured) = tokio::join!(stream.sizer(), stream.pusher(), phases);
     // A phase that failed may leave the session behind: delete it, best effort.
     if let Some(s) = stream.session.lock().await.take() {
         let _ = s.delete().await;
     }
     let measured = measured?;
     let mut record = stream.record.into_inner().unwrap_or_default();
-    let source = stream.source.into_inner();
-    record.entries = stream.pushed.load(Ordering::Relaxed) as u32;
-    record.entry_tokens = Summary::of(source.handed_out.iter().map(|&n| f64::from(n)));
+    let tokens = stream.tokens.into_inner().unwrap_or_default();
+    record.entries = tokens.len() as u32;
+    record.entry_tokens = Summary::of(tokens.iter().map(|&n| f64::from(n)));
+    record.stream_stalls = stream.stalls.load(Ordering::Relaxed);
     Ok((record, measured))
 }
 
@@ -203,9 +217,9 @@ fn mode_of(p: &PlannedPoint) -> LiveMode {
 async fn window_check(
     s: &Session,
     window: &Window,
-    state: &Value,
+    server: Vec<String>,
 ) -> Result<WindowCheck, BenchError> {
-    let server = s.entries().await?;
+    let state = s.get().await?;
     let n = |k: &str| state.get(k).and_then(Value::as_u64).unwrap_or(0);
     let client = window.texts();
     Ok(WindowCheck {
@@ -221,13 +235,22 @@ async fn window_check(
 struct Stream<'a> {
     ctx: &'a LiveCtx<'a>,
     shape: StreamShape,
+    /// Sizes entries ahead of the pusher (a target that serves one request at a time may take
+    /// seconds to answer a count), so the stream keeps its cadence.
     source: tokio::sync::Mutex<EntrySource>,
+    ready: Mutex<VecDeque<Entry>>,
+    sized: Notify,
+    taken: Notify,
+    /// Token counts of every entry pushed, in order.
+    tokens: Mutex<Vec<u32>>,
     window: Mutex<Window>,
     /// The session the pusher pushes to; taken out (and deleted) before the replay phase.
     session: tokio::sync::Mutex<Option<Session>>,
     record: Mutex<LiveRecord>,
-    pushed: AtomicU64,
-    stop: Notify,
+    /// Pushes that found no sized entry ready and waited for one.
+    stalls: AtomicU64,
+    stop_pusher: Notify,
+    stop_sizer: Notify,
 }
 
 impl Stream<'_> {
@@ -243,31 +266,65 @@ impl Stream<'_> {
         Duration::from_millis(u64::from(self.shape.period_ms))
     }
 
+    /// Keeps `SIZED_AHEAD` entries sized and ready until the phases end.
+    async fn sizer(&self) {
+        let (client, model) = (self.ctx.client, self.ctx.model);
+        loop {
+            let room = self.ready.lock().is_ok_and(|r| r.len() < SIZED_AHEAD);
+            if !room {
+                tokio::select! {
+                    _ = self.taken.notified() => continue,
+                    _ = self.stop_sizer.notified() => return,
+                }
+            }
+            let sized = tokio::select! {
+                e = async { self.source.lock().await.size_next(client, model).await } => e,
+                _ = self.stop_sizer.notified() => return,
+            };
+            match sized {
+                Ok(e) => {
+                    if let Ok(mut r) = self.ready.lock() {
+                        r.push_back(e);
+                    }
+                    self.sized.notify_one();
+                }
+                Err(e) => {
+                    self.note(format!("sizing an entry: {e}"));
+                    tokio::time::sleep(self.period()).await;
+                }
+            }
+        }
+    }
+
     /// One entry every period until the phases end: into the client's window, and pushed to
     /// the session while there is one.
     async fn pusher(&self) {
-        let (client, model) = (self.ctx.client, self.ctx.model);
         let start = tokio::time::Instant::now() + self.period();
         let mut tick = tokio::time::interval_at(start, self.period());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = self.stop.notified() => return,
+                _ = self.stop_pusher.notified() => return,
             }
-            let next = self.source.lock().await.next(client, model).await;
-            let entry = match next {
-                Ok(e) => e,
-                Err(e) => {
-                    self.note(format!("sizing an entry: {e}"));
-                    continue;
+            let entry = loop {
+                if let Some(e) = self.ready.lock().ok().and_then(|mut r| r.pop_front()) {
+                    break e;
+                }
+                self.stalls.fetch_add(1, Ordering::Relaxed);
+                tokio::select! {
+                    _ = self.sized.notified() => {}
+                    _ = self.stop_pusher.notified() => return,
                 }
             };
+            self.taken.notify_one();
             let session = self.session.lock().await;
             if let Ok(mut w) = self.window.lock() {
                 w.push(entry.clone());
             }
-            self.pushed.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut t) = self.tokens.lock() {
+                t.push(entry.tokens);
+            }
             let Some(s) = session.as_ref() else { continue };
             let ack = s.push(std::slice::from_ref(&entry.text)).await;
             if let Ok(mut r) = self.record.lock() {

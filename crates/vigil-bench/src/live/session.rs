@@ -60,44 +60,42 @@ impl Session {
             .await
     }
 
-    /// Waits until data pushed after `ack` is ingested and KV-resident (the SDK's `wait=True`
-    /// test); returns the session object.
-    pub async fn wait_resident(&self, ack: &Value, timeout: Duration) -> Result<Value, BenchError> {
-        let acked = ack.get("data_version").and_then(Value::as_u64).unwrap_or(0);
+    /// Waits until the session's data ends with `last` and nothing is pending: the batch that
+    /// held it is ingested and KV-resident. (The SDK's test, a `data_version` above the push
+    /// ack's, can pass early when the version moved for the opening prompt's own ingest.)
+    /// Returns the retained entries.
+    pub async fn wait_ingested(
+        &self,
+        last: &str,
+        timeout: Duration,
+    ) -> Result<Vec<String>, BenchError> {
         let t0 = Instant::now();
         loop {
-            let s = self.get().await?;
-            let n = |k: &str| s.get(k).and_then(Value::as_u64).unwrap_or(0);
-            if n("pending") == 0 && n("data_version") > acked && n("kv_tokens") + 1 >= n("data_end")
-            {
-                return Ok(s);
+            let v = self.client.get_json(&self.path("/data")).await?.0;
+            let entries: Vec<String> = (v
+                .get("entries")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten())
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect();
+            let pending = v.get("pending").and_then(Value::as_u64).unwrap_or(0);
+            if pending == 0 && entries.last().map(String::as_str) == Some(last) {
+                return Ok(entries);
             }
             if t0.elapsed() > timeout {
                 return Err(BenchError::NotReady {
-                    url: format!("{}{}", self.client.base(), self.path("")),
+                    url: format!("{}{}", self.client.base(), self.path("/data")),
                     waited_s: t0.elapsed().as_secs(),
-                    last: format!("pushed data not resident: {s}"),
+                    last: format!(
+                        "pushed data not ingested: {} entries, {pending} pending",
+                        entries.len()
+                    ),
                 });
             }
             tokio::time::sleep(POLL).await;
         }
-    }
-
-    /// The entries the session's KV holds as data.
-    pub async fn entries(&self) -> Result<Vec<String>, BenchError> {
-        let v = self.client.get_json(&self.path("/data")).await?.0;
-        let list = v
-            .get("entries")
-            .and_then(Value::as_array)
-            .ok_or_else(|| BenchError::Reply {
-                url: format!("{}{}", self.client.base(), self.path("/data")),
-                what: "no `entries` list".into(),
-            })?;
-        Ok(list
-            .iter()
-            .filter_map(Value::as_str)
-            .map(str::to_string)
-            .collect())
     }
 
     /// Registers a flash query; returns its id.

@@ -107,13 +107,14 @@ fn live_section(md: &mut String, files: &[RunFile], heads: &[String], rows: &[Ve
         let _ = writeln!(
             md,
             "Stream: entries of about {} tokens every {} ms into a {}-token window; {}-token \
-             answers; {} queries after {} warm-up per phase ({} for the replay).\n",
+             answers; measured queries after {} warm-up each: flash {}, cold {}, replay {}.\n",
             s.entry_tokens,
             s.period_ms,
             s.window_tokens,
             s.answer_tokens,
-            s.iterations,
             s.warmup,
+            s.iterations,
+            s.cold_iterations.unwrap_or(s.iterations),
             s.replay_iterations.unwrap_or(s.iterations)
         );
         for t in &f.targets {
@@ -161,11 +162,11 @@ fn live_section(md: &mut String, files: &[RunFile], heads: &[String], rows: &[Ve
                     n("evicted")
                 );
             }
-            if l.push_errors > 0 || l.dropped_entries > 0 {
+            if l.push_errors > 0 || l.dropped_entries > 0 || l.stream_stalls > 0 {
                 let _ = write!(
                     line,
-                    "; {} pushes failed, {} entries dropped",
-                    l.push_errors, l.dropped_entries
+                    "; {} pushes failed, {} entries dropped, {} pushes waited for sizing",
+                    l.push_errors, l.dropped_entries, l.stream_stalls
                 );
             }
             if !l.sessions {
