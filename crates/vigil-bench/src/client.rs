@@ -107,6 +107,15 @@ impl Client {
         read_json(&url, resp).await
     }
 
+    pub async fn delete_json(&self, path: &str) -> Result<Value, BenchError> {
+        let url = format!("{}{path}", self.base);
+        let resp = (self.http.delete(&url).send().await).map_err(|source| BenchError::Http {
+            url: url.clone(),
+            source,
+        })?;
+        read_json(&url, resp).await
+    }
+
     /// Sends a streamed request; never fails as a call: what went wrong is in `error`, so a
     /// failed request is a counted sample, not an aborted run.
     pub async fn stream(&self, path: &str, body: &Value) -> Streamed {
@@ -209,6 +218,20 @@ fn on_line(line: &[u8], now: Instant, out: &mut Streamed) -> Result<bool, String
             out.finish_reason = Some(f.to_string());
         }
     }
+    // LayerScale's dialect A (session `generate`): `{"text": …}` frames, then a `done` frame
+    // with the finish reason and usage at the top level.
+    if chunk.get("choices").is_none() {
+        if let Some(t) = nonempty(chunk.get("text")) {
+            out.first_choice.get_or_insert(now);
+            out.first_text.get_or_insert(now);
+            out.last_text = Some(now);
+            out.text_chunks += 1;
+            out.text.push_str(t);
+        }
+        if let Some(f) = chunk.get("finish_reason").and_then(Value::as_str) {
+            out.finish_reason = Some(f.to_string());
+        }
+    }
     Ok(false)
 }
 
@@ -282,6 +305,26 @@ mod tests {
             (u.prompt_tokens, u.completion_tokens, u.cached_tokens),
             (Some(12), Some(2), Some(8))
         );
+    }
+
+    #[test]
+    fn parses_session_generate_frames() {
+        let mut s = empty();
+        let t = Instant::now();
+        let lines = [
+            r#"data: {"text":"Yes"}"#,
+            r#"data: {"text":", sensor-3"}"#,
+            r#"data: {"done":true,"finish_reason":"length","data_version":7,"usage":{"prompt_tokens":30,"completion_tokens":2}}"#,
+        ];
+        for l in lines {
+            assert!(!on_line(l.as_bytes(), t, &mut s).unwrap());
+        }
+        assert!(on_line(b"data: [DONE]", t, &mut s).unwrap());
+        assert_eq!(s.text, "Yes, sensor-3");
+        assert_eq!(s.text_chunks, 2);
+        assert!(s.first_text.is_some());
+        assert_eq!(s.finish_reason.as_deref(), Some("length"));
+        assert_eq!(s.usage.and_then(|u| u.completion_tokens), Some(2));
     }
 
     #[test]

@@ -90,7 +90,7 @@ pub async fn run_point(
             concurrency,
         } => {
             let warm_n = ctx.settings.warmup;
-            let measured_n = point.measured_requests(ctx.settings.iterations);
+            let measured_n = point.measured_requests(ctx.settings);
             let mut bodies = Vec::new();
             for _ in 0..warm_n + measured_n {
                 let p = composer.compose(prompt_tokens, ctx.completion_base)?;
@@ -137,6 +137,11 @@ pub async fn run_point(
                 ctx.settings.warmup * per_loop,
                 ctx.settings.iterations * per_loop,
             )
+        }
+        Shape::LiveStream { .. } => {
+            return Err(BenchError::Setting(
+                "live-stream points run on a stream (crate::live), not one by one".into(),
+            ))
         }
     };
     // Warm-up first, then in send order.
@@ -269,6 +274,12 @@ pub fn to_sample(
         text_chunks: s.text_chunks,
         finish_reason: s.finish_reason.clone(),
         error,
+        late_ms: None,
+        window_entries: None,
+        flash: None,
+        lag: None,
+        stale: None,
+        data_version: None,
     }
 }
 
@@ -321,6 +332,7 @@ pub fn summarize(
                 );
             }
         }
+        Shape::LiveStream { .. } => crate::live::aggregates(&ok, &mut throughput),
         Shape::AgentLoop { turns, .. } => {
             put(
                 "ttft_first_turn_ms",

@@ -1,5 +1,5 @@
 //! `vigil bench`: drives OpenAI-compatible HTTP servers (Vigil, llama.cpp's, vLLM, SGLang) with
-//! fixed workloads, writes one JSON result file per run with every raw sample, and turns result
+//! fixed workloads (a live stream queried through sessions among them), writes one JSON result file per run with every raw sample, and turns result
 //! files into a Markdown and HTML report. The `vigil` binary is the command line over this crate.
 
 pub mod calibrate;
@@ -7,6 +7,7 @@ pub mod client;
 mod error;
 mod exec;
 pub mod hardware;
+pub mod live;
 pub mod report;
 pub mod result;
 pub mod run;

@@ -3,6 +3,7 @@
 
 use crate::calibrate::CalibrationRecord;
 use crate::hardware::Hardware;
+use crate::live::LiveRecord;
 use crate::stats::Summary;
 use crate::workload::{Settings, Workload};
 use crate::BenchError;
@@ -40,7 +41,12 @@ pub struct TargetRun {
     pub server_header: Option<String>,
     /// The engine's context length where `/v1/models` states it (`max_model_len`).
     pub max_model_len: Option<u64>,
-    pub calibration: CalibrationRecord,
+    /// Prompt calibration (every workload but live-stream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<CalibrationRecord>,
+    /// live-stream: the stream, the session and the flash query as the target reported them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveRecord>,
     pub points: Vec<Point>,
 }
 
@@ -93,6 +99,24 @@ pub struct Sample {
     pub text_chunks: u32,
     pub finish_reason: Option<String>,
     pub error: Option<String>,
+    /// live-stream: how late the query was sent after it fell due (one query in flight at a
+    /// time, so a query due while the last one runs waits for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_ms: Option<f64>,
+    /// live-stream: stream entries the query covered (replay: re-sent; session: pushed so far).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_entries: Option<u32>,
+    /// live-stream flash query: answered from the flash cache, and that answer's `lag`
+    /// (versions behind the session) and `stale`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<bool>,
+    /// live-stream session queries: the `data_version` the answer was computed over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_version: Option<u64>,
 }
 
 impl RunFile {

@@ -7,8 +7,8 @@ use crate::calibrate::{
 use crate::client::{Client, Usage};
 use crate::exec::{self, Progress};
 use crate::hardware::Hardware;
-use crate::result::{RunFile, TargetRun, SCHEMA};
-use crate::workload::{plan, Settings, Shape, Workload};
+use crate::result::{Point, RunFile, TargetRun, SCHEMA};
+use crate::workload::{plan, PlannedPoint, Settings, Shape, Workload};
 use crate::BenchError;
 use futures_util::{stream, StreamExt, TryStreamExt};
 use serde_json::{json, Value};
@@ -94,28 +94,19 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
                 )));
             }
         }
-        let longest = points.iter().map(longest_prompt).max().unwrap_or(0);
-        let (mut composer, calibration) =
-            calibrate(&client, &model, opts.workload, longest, opts.settings.seed).await?;
-        let mut measured = Vec::new();
-        for (i, point) in points.iter().enumerate() {
-            let progress = Progress::new(format!(
-                "[{}] {} {} ({}/{})",
-                target.name,
-                opts.workload,
-                point.label,
-                i + 1,
-                points.len()
-            ));
-            let ctx = exec::Ctx {
+        let (calibration, live, measured) = if opts.workload == Workload::LiveStream {
+            let ctx = crate::live::LiveCtx {
                 client: &client,
                 model: &model,
                 settings: &opts.settings,
-                completion_base: calibration.completion_base_tokens,
-                chat_base: calibration.chat_base_tokens,
+                name: &target.name,
             };
-            measured.push(exec::run_point(&ctx, &mut composer, point, &progress).await?);
-        }
+            let (record, measured) = crate::live::run_target(&ctx, &points).await?;
+            (None, Some(record), measured)
+        } else {
+            let (c, m) = measure_points(opts, &target.name, &client, &model, &points).await?;
+            (Some(c), None, m)
+        };
         runs.push(TargetRun {
             name: target.name.clone(),
             url: target.url.clone(),
@@ -127,6 +118,7 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
             server_header,
             max_model_len,
             calibration,
+            live,
             points: measured,
         });
     }
@@ -148,10 +140,43 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
     Ok(path)
 }
 
-fn longest_prompt(p: &crate::workload::PlannedPoint) -> u32 {
+/// Calibrates prompts on the target, then measures the points one by one.
+async fn measure_points(
+    opts: &RunOptions,
+    target_name: &str,
+    client: &Client,
+    model: &str,
+    points: &[PlannedPoint],
+) -> Result<(CalibrationRecord, Vec<Point>), BenchError> {
+    let longest = points.iter().map(longest_prompt).max().unwrap_or(0);
+    let (mut composer, calibration) =
+        calibrate(client, model, opts.workload, longest, opts.settings.seed).await?;
+    let mut measured = Vec::new();
+    for (i, point) in points.iter().enumerate() {
+        let progress = Progress::new(format!(
+            "[{target_name}] {} {} ({}/{})",
+            opts.workload,
+            point.label,
+            i + 1,
+            points.len()
+        ));
+        let ctx = exec::Ctx {
+            client,
+            model,
+            settings: &opts.settings,
+            completion_base: calibration.completion_base_tokens,
+            chat_base: calibration.chat_base_tokens,
+        };
+        measured.push(exec::run_point(&ctx, &mut composer, point, &progress).await?);
+    }
+    Ok((calibration, measured))
+}
+
+fn longest_prompt(p: &PlannedPoint) -> u32 {
     match p.shape {
         Shape::Requests { prompt_tokens, .. } => prompt_tokens,
         Shape::AgentLoop { prefix_tokens, .. } => prefix_tokens,
+        Shape::LiveStream { stream, .. } => stream.window_tokens,
     }
 }
 

@@ -17,14 +17,18 @@ pub enum Workload {
     Prefill,
     /// T turns on a P-token prefix, the conversation re-sent each turn.
     AgentLoop,
+    /// A stream of entries pushed at a fixed cadence, queried as it grows: Flash Query and cold
+    /// query on a session (where the target serves sessions), stateless replay everywhere.
+    LiveStream,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 4] = [
+    pub const ALL: [Workload; 5] = [
         Workload::Single,
         Workload::Concurrent,
         Workload::Prefill,
         Workload::AgentLoop,
+        Workload::LiveStream,
     ];
 
     pub fn name(self) -> &'static str {
@@ -33,13 +37,14 @@ impl Workload {
             Workload::Concurrent => "concurrent",
             Workload::Prefill => "prefill",
             Workload::AgentLoop => "agent-loop",
+            Workload::LiveStream => "live-stream",
         }
     }
 
     /// The endpoint the workload's requests go to.
     pub fn endpoint(self) -> &'static str {
         match self {
-            Workload::AgentLoop => "/v1/chat/completions",
+            Workload::AgentLoop | Workload::LiveStream => "/v1/chat/completions",
             _ => "/v1/completions",
         }
     }
@@ -59,14 +64,16 @@ impl FromStr for Workload {
             .find(|w| w.name() == s)
             .ok_or_else(|| {
                 BenchError::Setting(format!(
-                    "unknown workload `{s}` (one of single, concurrent, prefill, agent-loop)"
+                    "unknown workload `{s}` (one of single, concurrent, prefill, agent-loop, live-stream)"
                 ))
             })
     }
 }
 
-/// Every setting of a run, recorded in the result file.
+/// Every setting of a run, recorded in the result file (a field a file lacks takes its
+/// default, so files written before a setting existed still read).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Settings {
     /// Untimed requests (agent loop: loops) before each point.
     pub warmup: u32,
@@ -87,6 +94,16 @@ pub struct Settings {
     pub prefix_tokens: Vec<u32>,
     pub turns: Vec<u32>,
     pub turn_tokens: u32,
+    /// live-stream: tokens per entry (about; each is counted by the target's tokenizer), the
+    /// push period, the session window, and the answer length of every query.
+    pub entry_tokens: u32,
+    pub period_ms: u32,
+    pub window_tokens: u32,
+    pub answer_tokens: u32,
+    /// live-stream: measured stateless replays and cold queries per target (default:
+    /// `iterations`); on a CPU these take seconds each, flash answers milliseconds.
+    pub replay_iterations: Option<u32>,
+    pub cold_iterations: Option<u32>,
     /// What every request asks: temperature 0, `ignore_eos`, `min_tokens` = `max_tokens`.
     pub temperature: f64,
     pub ignore_eos: bool,
@@ -111,6 +128,12 @@ impl Default for Settings {
             prefix_tokens: vec![2048],
             turns: vec![5],
             turn_tokens: 48,
+            entry_tokens: 64,
+            period_ms: 1000,
+            window_tokens: 1024,
+            answer_tokens: 16,
+            replay_iterations: None,
+            cold_iterations: None,
             temperature: 0.0,
             ignore_eos: true,
             min_tokens_equal_max_tokens: true,
@@ -134,7 +157,47 @@ pub enum Shape {
         turns: u32,
         turn_tokens: u32,
     },
+    /// One way of asking a question of a live stream.
+    LiveStream { mode: LiveMode, stream: StreamShape },
 }
+
+/// How a live-stream query is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveMode {
+    /// A generate naming a flash query registered up front (sessions only).
+    Flash,
+    /// A generate of an unannounced question on the standing session (sessions only).
+    Cold,
+    /// A chat completion re-sending the windowed stream (every target).
+    Replay,
+}
+
+impl LiveMode {
+    pub fn label(self) -> &'static str {
+        match self {
+            LiveMode::Flash => "flash query",
+            LiveMode::Cold => "cold query",
+            LiveMode::Replay => "stateless replay",
+        }
+    }
+
+    /// Whether the mode needs the target's session API.
+    pub fn needs_sessions(self) -> bool {
+        self != LiveMode::Replay
+    }
+}
+
+/// The stream every live-stream point runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamShape {
+    pub entry_tokens: u32,
+    pub period_ms: u32,
+    pub window_tokens: u32,
+    pub answer_tokens: u32,
+}
+
+/// Room a live-stream query needs besides the window: system prompt, question, template.
+pub const LIVE_QUERY_ROOM: u32 = 256;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannedPoint {
@@ -163,6 +226,12 @@ impl PlannedPoint {
                 ("turns", turns),
                 ("turn_tokens", turn_tokens),
             ],
+            Shape::LiveStream { stream: s, .. } => vec![
+                ("entry_tokens", s.entry_tokens),
+                ("period_ms", s.period_ms),
+                ("window_tokens", s.window_tokens),
+                ("answer_tokens", s.answer_tokens),
+            ],
         };
         pairs
             .into_iter()
@@ -185,16 +254,28 @@ impl PlannedPoint {
                 turns,
                 turn_tokens,
             } => prefix_tokens + turns * (turn_tokens + 16),
+            Shape::LiveStream { stream: s, .. } => {
+                s.window_tokens + s.answer_tokens + LIVE_QUERY_ROOM
+            }
         }
     }
 
-    /// Measured requests of a request point (closed loop: at least two per stream).
-    pub fn measured_requests(&self, iterations: u32) -> u32 {
+    /// Measured requests of a point (closed loop: at least two per stream; live-stream replay:
+    /// `replay_iterations` where set).
+    pub fn measured_requests(&self, s: &Settings) -> u32 {
         match self.shape {
             Shape::Requests { concurrency, .. } if concurrency > 1 => {
-                iterations.max(2 * concurrency)
+                s.iterations.max(2 * concurrency)
             }
-            _ => iterations,
+            Shape::LiveStream {
+                mode: LiveMode::Replay,
+                ..
+            } => s.replay_iterations.unwrap_or(s.iterations),
+            Shape::LiveStream {
+                mode: LiveMode::Cold,
+                ..
+            } => s.cold_iterations.unwrap_or(s.iterations),
+            _ => s.iterations,
         }
     }
 }
@@ -283,6 +364,41 @@ pub fn plan(workload: Workload, s: &Settings) -> Result<Vec<PlannedPoint>, Bench
             }
             v
         }
+        Workload::LiveStream => {
+            nonzero(
+                "live-stream entry/period/window/answer",
+                &[
+                    s.entry_tokens,
+                    s.period_ms,
+                    s.window_tokens,
+                    s.answer_tokens,
+                ],
+            )?;
+            if s.replay_iterations == Some(0) || s.cold_iterations == Some(0) {
+                return Err(BenchError::Setting(
+                    "replay and cold iterations must be at least 1".into(),
+                ));
+            }
+            if s.window_tokens < 2 * s.entry_tokens {
+                return Err(BenchError::Setting(format!(
+                    "a {}-token window holds fewer than two {}-token entries",
+                    s.window_tokens, s.entry_tokens
+                )));
+            }
+            let stream = StreamShape {
+                entry_tokens: s.entry_tokens,
+                period_ms: s.period_ms,
+                window_tokens: s.window_tokens,
+                answer_tokens: s.answer_tokens,
+            };
+            [LiveMode::Flash, LiveMode::Cold, LiveMode::Replay]
+                .into_iter()
+                .map(|mode| PlannedPoint {
+                    label: mode.label().to_string(),
+                    shape: Shape::LiveStream { mode, stream },
+                })
+                .collect()
+        }
     };
     Ok(points)
 }
@@ -301,8 +417,8 @@ mod tests {
         );
         let conc = plan(Workload::Concurrent, &s).unwrap();
         assert_eq!(conc.len(), 3);
-        assert_eq!(conc[2].measured_requests(20), 64);
-        assert_eq!(conc[0].measured_requests(20), 20);
+        assert_eq!(conc[2].measured_requests(&s), 64);
+        assert_eq!(conc[0].measured_requests(&s), 20);
         let agent = plan(Workload::AgentLoop, &s).unwrap();
         assert_eq!(agent[0].params()["turns"], 5);
         assert_eq!(agent[0].context_need(), 2048 + 5 * 64);
@@ -316,5 +432,31 @@ mod tests {
             Workload::AgentLoop
         );
         assert!("matrix".parse::<Workload>().is_err());
+    }
+
+    #[test]
+    fn live_stream_plans_three_modes_on_one_stream() {
+        let s = Settings {
+            replay_iterations: Some(5),
+            cold_iterations: Some(4),
+            ..Settings::default()
+        };
+        let live = plan(Workload::LiveStream, &s).unwrap();
+        let labels: Vec<&str> = live.iter().map(|p| p.label.as_str()).collect();
+        assert_eq!(labels, ["flash query", "cold query", "stateless replay"]);
+        assert_eq!(live[0].measured_requests(&s), 20);
+        assert_eq!(live[1].measured_requests(&s), 4);
+        assert_eq!(live[2].measured_requests(&s), 5);
+        assert_eq!(live[2].params()["window_tokens"], 1024);
+        assert_eq!(live[1].context_need(), 1024 + 16 + LIVE_QUERY_ROOM);
+        let narrow = Settings {
+            window_tokens: 100,
+            ..Settings::default()
+        };
+        assert!(plan(Workload::LiveStream, &narrow).is_err());
+        assert_eq!(
+            "live-stream".parse::<Workload>().unwrap(),
+            Workload::LiveStream
+        );
     }
 }

@@ -24,7 +24,7 @@ struct RunArgs {
     /// A server to measure, as NAME=URL (repeatable), e.g. vigil=http://127.0.0.1:8080.
     #[arg(long = "target", required = true)]
     targets: Vec<String>,
-    /// single, concurrent, prefill or agent-loop.
+    /// single, concurrent, prefill, agent-loop or live-stream.
     #[arg(long)]
     workload: String,
     /// Directory for the result file.
@@ -76,6 +76,24 @@ struct RunArgs {
     /// agent-loop: tokens generated per turn [default: 48].
     #[arg(long)]
     turn_tokens: Option<u32>,
+    /// live-stream: tokens per entry, about (counted by each target's tokenizer) [default: 64].
+    #[arg(long)]
+    entry_tokens: Option<u32>,
+    /// live-stream: ms between pushed entries, and between queries [default: 1000].
+    #[arg(long)]
+    period_ms: Option<u32>,
+    /// live-stream: the session window in tokens [default: 1024].
+    #[arg(long)]
+    window_tokens: Option<u32>,
+    /// live-stream: tokens of every answer [default: 16].
+    #[arg(long)]
+    answer_tokens: Option<u32>,
+    /// live-stream: measured stateless replays per target [default: --iterations].
+    #[arg(long)]
+    replay_iterations: Option<u32>,
+    /// live-stream: measured cold queries per session target [default: --iterations].
+    #[arg(long)]
+    cold_iterations: Option<u32>,
     /// The servers' prefix-cache setting, recorded in the result file (the harness cannot see it).
     #[arg(long)]
     prefix_cache: Option<String>,
@@ -123,6 +141,12 @@ fn run_workload(a: RunArgs) -> Result<()> {
         prefix_tokens: a.prefix_tokens.unwrap_or(d.prefix_tokens),
         turns: a.turns.unwrap_or(d.turns),
         turn_tokens: a.turn_tokens.unwrap_or(d.turn_tokens),
+        entry_tokens: a.entry_tokens.unwrap_or(d.entry_tokens),
+        period_ms: a.period_ms.unwrap_or(d.period_ms),
+        window_tokens: a.window_tokens.unwrap_or(d.window_tokens),
+        answer_tokens: a.answer_tokens.unwrap_or(d.answer_tokens),
+        replay_iterations: a.replay_iterations.or(d.replay_iterations),
+        cold_iterations: a.cold_iterations.or(d.cold_iterations),
         prefix_cache: a.prefix_cache.unwrap_or(d.prefix_cache),
         ..d
     };

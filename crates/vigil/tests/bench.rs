@@ -1,5 +1,5 @@
 //! `vigil bench` end to end: a real `vigil serve` on the tiny Qwen3 checkpoint, every workload
-//! run briefly through the CLI, the result files checked for schema and sane numbers, then
+//! run briefly through the CLI (live-stream through the session API), the result files checked for schema and sane numbers, then
 //! `vigil bench report` checked for one table per workload and well-formed charts.
 
 use serde_json::Value;
@@ -160,6 +160,95 @@ fn check_file(file: &Value, workload: &str, labels: &[&str]) -> Vec<Value> {
     points
 }
 
+/// The live-stream file: the stream, the session and the three phases.
+fn check_live(file: &Value) {
+    assert_eq!(file["schema"], "vigil-bench/1");
+    assert_eq!(file["workload"], "live-stream");
+    let s = &file["settings"];
+    assert_eq!(num(&s["entry_tokens"], "entry_tokens"), 24.0);
+    assert_eq!(num(&s["replay_iterations"], "replay_iterations"), 3.0);
+    let t = &file["targets"][0];
+    assert!(
+        t.get("calibration").is_none(),
+        "live-stream composes no prompts"
+    );
+    let live = &t["live"];
+    assert_eq!(live["sessions"], true);
+    assert_eq!(live["count_method"], "/v1/messages/count_tokens");
+    assert!(
+        live["errors"].as_array().is_some_and(Vec::is_empty),
+        "{live}"
+    );
+    assert_eq!(num(&live["push_errors"], "push_errors"), 0.0);
+    assert_eq!(num(&live["stream_stalls"], "stream_stalls"), 0.0);
+    // Entries are sized on the server's tokenizer to within a field (a few tokens) of 24.
+    let tokens = &live["entry_tokens"];
+    assert!(
+        (num(&tokens["mean"], "mean") - 24.0).abs() <= 2.0,
+        "{tokens}"
+    );
+    assert!(num(&tokens["max"], "max") <= 32.0, "{tokens}");
+    assert!(live["example_entry"]
+        .as_str()
+        .is_some_and(|e| e.starts_with("t=")));
+    // The client's window is exactly what the session holds, counted the same way.
+    let w = &live["window_check"];
+    assert_eq!(w["same_entries"], true, "{w}");
+    assert_eq!(w["client_tokens"], w["server_tokens"], "{w}");
+    assert!(
+        num(&w["client_tokens"], "window tokens") > 160.0 - 32.0,
+        "{w}"
+    );
+    assert!(num(&live["fill_entries"], "fill") > num(&w["client_entries"], "entries"));
+    assert!(live["flash_ready_ms"].is_number());
+    assert!(num(&live["flash_query"]["evaluations"], "evaluations") >= 1.0);
+    // The stream kept flowing: the window slid, and the session recomputed it.
+    let end = &live["session_end"];
+    assert!(num(&end["window_recomputes"], "recomputes") >= 1.0, "{end}");
+    assert!(num(&end["evicted"], "evicted") >= 1.0, "{end}");
+    assert!(num(&live["entries"], "entries") > num(&live["fill_entries"], "fill"));
+
+    let points = t["points"].as_array().expect("points");
+    let labels: Vec<&str> = points.iter().filter_map(|p| p["label"].as_str()).collect();
+    assert_eq!(labels, ["flash query", "cold query", "stateless replay"]);
+    for p in points {
+        let label = &p["label"];
+        assert_eq!(p["excluded"], false, "{label}: {}", p["errors"]);
+        assert_eq!(num(&p["params"]["window_tokens"], "window"), 160.0);
+        let samples = p["samples"].as_array().expect("samples");
+        let measured = num(&p["measured_requests"], "measured") as usize;
+        assert_eq!(samples.len(), 1 + measured, "{label}");
+        for s in samples {
+            assert!(s["error"].is_null(), "{label}: {s}");
+            assert!(num(&s["e2e_ms"], "e2e") > 0.0);
+            assert!(num(&s["late_ms"], "late") >= 0.0);
+        }
+    }
+    let (flash, cold, replay) = (&points[0], &points[1], &points[2]);
+    // Registered and answered before the phase: every query is served from the flash cache.
+    assert_eq!(num(&flash["throughput"]["flash_hit_rate"], "hit rate"), 1.0);
+    assert!(flash["throughput"]["mean_lag"].is_number());
+    for s in flash["samples"].as_array().into_iter().flatten() {
+        assert_eq!(s["flash"], true, "{s}");
+        assert!(s["lag"].is_number() && s["data_version"].is_number(), "{s}");
+        assert!(s["ttft_ms"].is_null(), "a flash answer is not streamed");
+    }
+    assert!(flash["metrics"].get("ttft_ms").is_none());
+    for p in [cold, replay] {
+        for s in p["samples"].as_array().into_iter().flatten() {
+            assert_eq!(num(&s["output_tokens"], "output"), 8.0, "{s}");
+            let (ttft, e2e) = (num(&s["ttft_ms"], "ttft"), num(&s["e2e_ms"], "e2e"));
+            assert!(ttft > 0.0 && ttft <= e2e, "{s}");
+        }
+    }
+    assert_eq!(num(&replay["measured_requests"], "replays"), 3.0);
+    for s in replay["samples"].as_array().into_iter().flatten() {
+        assert!(num(&s["window_entries"], "window entries") >= 4.0, "{s}");
+        // The whole window is re-sent: its tokens and the question, system prompt, template.
+        assert!(num(&s["prompt_tokens"], "prompt") > 160.0 - 32.0, "{s}");
+    }
+}
+
 fn param(p: &Value, k: &str) -> f64 {
     num(&p["params"][k], k)
 }
@@ -281,11 +370,27 @@ fn bench_every_workload_then_report() {
         last_prompt = prompt;
     }
 
+    let live = bench(
+        &server,
+        &url,
+        &results,
+        "live-stream",
+        &[
+            "--entry-tokens=24",
+            "--period-ms=200",
+            "--window-tokens=160",
+            "--answer-tokens=8",
+            "--replay-iterations=3",
+            "--cold-iterations=2",
+        ],
+    );
+    check_live(&live);
+
     let files: Vec<PathBuf> = std::fs::read_dir(&results)
         .expect("results dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
-    assert_eq!(files.len(), 4);
+    assert_eq!(files.len(), 5);
     let report = dir.join("report");
     let out = Command::new(VIGIL)
         .args(["bench", "report"])
@@ -300,16 +405,33 @@ fn bench_every_workload_then_report() {
         String::from_utf8_lossy(&out.stderr)
     );
     let md = std::fs::read_to_string(report.join("report.md")).expect("report.md");
-    assert_eq!(md.matches("\n| point | metric |").count(), 4, "{md}");
-    for w in ["single", "concurrent", "prefill", "agent-loop"] {
+    assert_eq!(md.matches("\n| point | metric |").count(), 5, "{md}");
+    for w in [
+        "single",
+        "concurrent",
+        "prefill",
+        "agent-loop",
+        "live-stream",
+    ] {
         assert_eq!(md.matches(&format!("\n## {w}\n")).count(), 1, "{w}");
     }
     // One engine: every row's value is its best.
     assert!(md.contains(" ★<br><sub>p95 "));
+    // live-stream: the replay divided by the session's flash and cold answers.
+    assert_eq!(
+        md.matches("| stateless replay, e2e p50 | ÷ vigil flash (")
+            .count(),
+        1,
+        "{md}"
+    );
+    assert!(
+        md.contains("| vigil ") && md.contains("Stream: entries of about 24 tokens every 200 ms")
+    );
+    assert!(md.contains("flash 2, cold 2, replay 3."), "{md}");
     let html = std::fs::read_to_string(report.join("report.html")).expect("report.html");
-    // Charts: 4 metrics (single) + 5 (concurrent) + 2 (prefill) + 4 (agent loop).
-    assert_eq!(check_balanced(&html), 15);
-    assert!(html.matches("<rect").count() >= 15);
+    // Charts: 4 metrics (single) + 5 (concurrent) + 2 (prefill) + 4 (agent loop) + 5 (live).
+    assert_eq!(check_balanced(&html), 20);
+    assert!(html.matches("<rect").count() >= 20);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -53,6 +53,21 @@ pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String
         for n in &t.notes {
             let _ = writeln!(h, "<p class=\"excl\">{}</p>", esc(n));
         }
+        if let Some((heads, rows)) = super::live_ratios(t) {
+            h.push_str("<p>Stateless replay against the session's answers (end to end, p50):</p>\n<table>\n<tr>");
+            for c in &heads {
+                let _ = write!(h, "<th>{}</th>", esc(c));
+            }
+            h.push_str("</tr>\n");
+            for r in &rows {
+                h.push_str("<tr>");
+                for c in r {
+                    let _ = write!(h, "<td class=\"l\">{}</td>", esc(c));
+                }
+                h.push_str("</tr>\n");
+            }
+            h.push_str("</table>\n");
+        }
         for m in super::metrics_of(t.workload) {
             let rows: Vec<&Row> = t.rows.iter().filter(|r| r.metric.key == m.key).collect();
             chart(&mut h, t, &rows);

@@ -2,6 +2,7 @@
 
 use super::{fmt_num, Cell, Table};
 use crate::result::RunFile;
+use crate::workload::Workload;
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -79,8 +80,101 @@ pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String
         for n in &t.notes {
             let _ = writeln!(md, "\n- {}", esc(n));
         }
+        if let Some((heads, rows)) = super::live_ratios(t) {
+            live_section(&mut md, files, &heads, &rows);
+        }
     }
     md
+}
+
+/// live-stream: how the stream ran on each target, and the replay ratios.
+fn live_section(md: &mut String, files: &[RunFile], heads: &[String], rows: &[Vec<String>]) {
+    md.push_str("\nStateless replay against the session's answers (end to end, p50):\n\n|");
+    for h in heads {
+        let _ = write!(md, " {} |", esc(h));
+    }
+    let _ = writeln!(md, "\n|{}", "---|".repeat(heads.len()));
+    for r in rows {
+        md.push('|');
+        for c in r {
+            let _ = write!(md, " {} |", esc(c));
+        }
+        md.push('\n');
+    }
+    md.push('\n');
+    for f in files.iter().filter(|f| f.workload == Workload::LiveStream) {
+        let s = &f.settings;
+        let _ = writeln!(
+            md,
+            "Stream: entries of about {} tokens every {} ms into a {}-token window; {}-token \
+             answers; measured queries after {} warm-up each: flash {}, cold {}, replay {}.\n",
+            s.entry_tokens,
+            s.period_ms,
+            s.window_tokens,
+            s.answer_tokens,
+            s.warmup,
+            s.iterations,
+            s.cold_iterations.unwrap_or(s.iterations),
+            s.replay_iterations.unwrap_or(s.iterations)
+        );
+        for t in &f.targets {
+            let Some(l) = &t.live else { continue };
+            let tokens = l.entry_tokens.map_or("?".into(), |e| {
+                format!("{:.1} ({}–{})", e.mean, e.min, e.max)
+            });
+            let mut line = format!(
+                "- {}: {} entries, tokens mean {tokens} (counted with `{}`)",
+                t.name, l.entries, l.count_method
+            );
+            if let Some(w) = &l.window_check {
+                let _ = write!(
+                    line,
+                    "; window after the fill: client {} entries / {} tokens, server {} / {}{}",
+                    w.client_entries,
+                    w.client_tokens,
+                    w.server_entries,
+                    w.server_tokens,
+                    if w.same_entries {
+                        ""
+                    } else {
+                        " (entries differ)"
+                    }
+                );
+            }
+            if let Some(q) = &l.flash_query {
+                let n = |k: &str| q.get(k).map_or("?".into(), |v| v.to_string());
+                let eval_ms = q.get("eval_ms").and_then(serde_json::Value::as_f64);
+                let _ = write!(
+                    line,
+                    "; flash query: {} evaluations, {} versions skipped, last took {} ms",
+                    n("evaluations"),
+                    n("skipped"),
+                    eval_ms.map_or("?".into(), fmt_num)
+                );
+            }
+            if let Some(e) = &l.session_end {
+                let n = |k: &str| e.get(k).map_or("?".into(), |v| v.to_string());
+                let _ = write!(
+                    line,
+                    "; session: data_version {}, {} window recomputes, {} entries evicted",
+                    n("data_version"),
+                    n("window_recomputes"),
+                    n("evicted")
+                );
+            }
+            if l.push_errors > 0 || l.dropped_entries > 0 || l.stream_stalls > 0 {
+                let _ = write!(
+                    line,
+                    "; {} pushes failed, {} entries dropped, {} pushes waited for sizing",
+                    l.push_errors, l.dropped_entries, l.stream_stalls
+                );
+            }
+            if !l.sessions {
+                line.push_str("; no session API");
+            }
+            let _ = writeln!(md, "{}", esc(&line));
+        }
+    }
 }
 
 /// Keeps a value inside its table cell.

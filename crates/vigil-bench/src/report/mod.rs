@@ -8,7 +8,7 @@ mod html;
 mod markdown;
 
 use crate::result::{Point, RunFile};
-use crate::workload::Workload;
+use crate::workload::{LiveMode, Workload};
 use crate::BenchError;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -87,6 +87,19 @@ pub fn metrics_of(workload: Workload) -> Vec<MetricSpec> {
                 false,
             ),
             E2E,
+        ],
+        Workload::LiveStream => vec![
+            E2E,
+            TTFT,
+            spec("flash_hit_rate", "flash hits", "fraction", true, true),
+            spec(
+                "mean_lag",
+                "mean lag of flash answers",
+                "versions",
+                false,
+                true,
+            ),
+            spec("late_queries", "queries sent late", "count", false, true),
         ],
     }
 }
@@ -211,6 +224,9 @@ pub fn tables(files: &[RunFile]) -> Vec<Table> {
                     let cells: Vec<Cell> = (0..columns.len())
                         .map(|c| Cell::of(data.get(&(c, point.clone())), &m))
                         .collect();
+                    if cells.iter().all(|c| *c == Cell::Missing) {
+                        continue; // a metric the point cannot have (TTFT of a flash answer)
+                    }
                     let (best, ratio) = rank(&columns, &cells, &m);
                     rows.push(Row {
                         point: point.clone(),
@@ -242,6 +258,46 @@ pub fn tables(files: &[RunFile]) -> Vec<Table> {
             }
         })
         .collect()
+}
+
+/// live-stream: every target's stateless replay against each session target's flash and cold
+/// query (end to end, p50): the heading, then one row per replaying target.
+pub fn live_ratios(t: &Table) -> Option<(Vec<String>, Vec<Vec<String>>)> {
+    if t.workload != Workload::LiveStream {
+        return None;
+    }
+    let p50s = |point: &str| -> Vec<Option<f64>> {
+        t.rows
+            .iter()
+            .find(|r| r.point == point && r.metric.key == E2E.key)
+            .map_or(vec![None; t.columns.len()], |r| {
+                r.cells.iter().map(Cell::p50).collect()
+            })
+    };
+    let (flash, cold, replay) = (
+        p50s(LiveMode::Flash.label()),
+        p50s(LiveMode::Cold.label()),
+        p50s(LiveMode::Replay.label()),
+    );
+    let mut heads = vec!["stateless replay, e2e p50".to_string()];
+    let mut against = Vec::new();
+    for (i, c) in t.columns.iter().enumerate() {
+        for (what, v) in [("flash", flash[i]), ("cold", cold[i])] {
+            if let Some(v) = v.filter(|&v| v > 0.0) {
+                heads.push(format!("÷ {} {what} ({} ms)", c.name, fmt_num(v)));
+                against.push(v);
+            }
+        }
+    }
+    let rows: Vec<Vec<String>> = (t.columns.iter().zip(&replay))
+        .filter_map(|(c, r)| Some((c, (*r)?)))
+        .map(|(c, r)| {
+            let mut row = vec![format!("{} {} ms", c.name, fmt_num(r))];
+            row.extend(against.iter().map(|&v| format!("×{}", fmt_num(r / v))));
+            row
+        })
+        .collect();
+    (!against.is_empty() && !rows.is_empty()).then_some((heads, rows))
 }
 
 /// The best column, and the ratio of the best to the runner-up naming both values.
@@ -345,5 +401,45 @@ mod tests {
         // An excluded cell is never best, even alone.
         let (best, ratio) = rank(&cols[2..], &cells[2..], &TTFT);
         assert_eq!((best, ratio), (None, None));
+    }
+
+    #[test]
+    fn live_ratios_divide_each_replay_by_each_session_answer() {
+        let row = |point: &str, cells: Vec<Cell>| Row {
+            point: point.into(),
+            metric: E2E,
+            cells,
+            best: None,
+            ratio: None,
+        };
+        let t = Table {
+            workload: Workload::LiveStream,
+            columns: vec![col("vigil"), col("llamacpp")],
+            points: vec![],
+            rows: vec![
+                row("flash query", vec![v(0.5), Cell::Missing]),
+                row("cold query", vec![v(100.0), Cell::Missing]),
+                row("stateless replay", vec![v(400.0), v(600.0)]),
+            ],
+            notes: vec![],
+        };
+        let (heads, rows) = live_ratios(&t).unwrap();
+        assert_eq!(
+            heads,
+            [
+                "stateless replay, e2e p50",
+                "÷ vigil flash (0.500 ms)",
+                "÷ vigil cold (100.0 ms)"
+            ]
+        );
+        assert_eq!(rows[0], ["vigil 400.0 ms", "×800.0", "×4.00"]);
+        assert_eq!(rows[1], ["llamacpp 600.0 ms", "×1200.0", "×6.00"]);
+        // No session target: nothing to divide by.
+        let stateless = Table {
+            columns: vec![col("llamacpp")],
+            rows: vec![row("stateless replay", vec![v(600.0)])],
+            ..t
+        };
+        assert!(live_ratios(&stateless).is_none());
     }
 }
