@@ -14,9 +14,9 @@ pub type SeqId = u64;
 /// greatest.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Priority {
-    /// Flash evaluations, warm turns: useful, but nobody is waiting on them.
+    /// Warm turns: useful, but nobody is waiting on them.
     Background,
-    /// Session data being ingested.
+    /// The data plane: session data being ingested and the flash evaluations that follow it.
     Ingest,
     /// A client request.
     #[default]

@@ -4,8 +4,9 @@
 //! One evaluator task per session. It wakes on a new `data_version` (or a new query), and
 //! evaluates every query that is not yet current at the newest version only: versions that
 //! arrived while a round ran are skipped and counted, so evaluation never queues behind the
-//! stream. Each evaluation is a greedy `Background` request on a fork of the session's KV, the
-//! same rendering and sampling a cold `generate` with temperature 0 uses.
+//! stream. Each evaluation is a greedy `Ingest`-class request on a fork of the session's KV (the
+//! same rendering and sampling a cold `generate` with temperature 0 uses), so a round submitted
+//! after batch k runs before batch k+1, and foreground requests still come first.
 
 use super::layout;
 use super::state::Session;
@@ -150,7 +151,9 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
         prompt.extend(q_tokens);
         let (tx, rx) = oneshot::channel();
         let mut params = GenParams::new(prompt, greedy(2), Some(d.max_tokens));
-        params.priority = Priority::Background;
+        // The data plane's class: a round is older than the next batch, so it runs first and a
+        // continuous stream cannot starve it (coalescing keeps it from queueing).
+        params.priority = Priority::Ingest;
         params.pin = Some(PinUse {
             key: session.pin,
             save: None,
