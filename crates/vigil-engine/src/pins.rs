@@ -42,6 +42,10 @@ pub struct KvPin {
     pub tokens: Vec<u32>,
     /// `None` once dropped under memory pressure.
     pub table: Option<BlockTable>,
+    /// The content this one replaced, kept until the next save: a request rendered from the
+    /// session's state just before the save (the caller learns of it a moment later) still
+    /// finds its prefix, even when the new content diverges early (a sliding window).
+    previous: Option<(Vec<u32>, BlockTable)>,
     last_used: u64,
 }
 
@@ -84,10 +88,23 @@ impl PinStore {
         self.clock += 1;
         let pin = self.pins.get_mut(&key)?;
         pin.last_used = self.clock;
-        let table = pin.table.as_ref()?;
-        let len = common_prefix_len(&pin.tokens, prompt)
-            .min(table.num_tokens())
-            .min(prompt.len().saturating_sub(1));
+        let current = pin.table.as_ref().map(|t| (&pin.tokens, t));
+        let previous = pin.previous.as_ref().map(|(tokens, t)| (tokens, t));
+        fn usable<'a>(
+            tokens: &[u32],
+            table: &'a BlockTable,
+            prompt: &[u32],
+        ) -> (usize, &'a BlockTable) {
+            let len = common_prefix_len(tokens, prompt)
+                .min(table.num_tokens())
+                .min(prompt.len().saturating_sub(1));
+            (len, table)
+        }
+        let (len, table) = [current, previous]
+            .into_iter()
+            .flatten()
+            .map(|(tokens, table)| usable(tokens, table, prompt))
+            .max_by_key(|&(len, _)| len)?;
         if len == 0 {
             return None;
         }
@@ -100,11 +117,13 @@ impl PinStore {
     pub fn save(&mut self, key: PinKey, tokens: Vec<u32>, mut table: BlockTable) {
         self.clock += 1;
         table.truncate(tokens.len());
+        let previous = (self.pins.remove(&key)).and_then(|old| old.table.map(|t| (old.tokens, t)));
         self.pins.insert(
             key,
             KvPin {
                 tokens,
                 table: Some(table),
+                previous,
                 last_used: self.clock,
             },
         );
@@ -118,7 +137,7 @@ impl PinStore {
     /// Drop the table of the least recently used pin not in `busy`; false when there is none.
     pub fn evict_idle(&mut self, busy: &HashSet<PinKey>) -> bool {
         let victim = (self.pins.iter())
-            .filter(|(k, p)| p.table.is_some() && !busy.contains(k))
+            .filter(|(k, p)| (p.table.is_some() || p.previous.is_some()) && !busy.contains(k))
             .min_by_key(|(_, p)| p.last_used)
             .map(|(&k, _)| k);
         let Some(key) = victim else {
@@ -126,13 +145,14 @@ impl PinStore {
         };
         if let Some(pin) = self.pins.get_mut(&key) {
             pin.table = None;
+            pin.previous = None;
             self.num_evictions += 1;
         }
         true
     }
 
     pub fn tables(&self) -> impl Iterator<Item = &BlockTable> {
-        self.pins.values().filter_map(|p| p.table.as_ref())
+        (self.pins.values()).flat_map(|p| p.table.iter().chain(p.previous.iter().map(|(_, t)| t)))
     }
 
     /// Each pin's key and resident KV tokens.
@@ -171,6 +191,36 @@ mod tests {
         assert!(pins.fork_for(2, &[1, 2]).is_none());
         let tables: Vec<&BlockTable> = pins.tables().collect();
         pool.check_invariants(&tables).unwrap();
+    }
+
+    #[test]
+    fn a_request_rendered_before_a_save_still_finds_its_prefix() {
+        let pool = SharedBlockPool::new(32, 4);
+        let mut pins = PinStore::default();
+        pins.save(1, vec![1, 2, 3, 4, 5, 6, 7, 8], table_with(&pool, 8));
+        // The window slid: the new content diverges right after the opening (tokens 1, 2).
+        pins.save(1, vec![1, 2, 9, 9, 9, 9], table_with(&pool, 6));
+        let f = pins
+            .fork_for(1, &[1, 2, 3, 4, 5, 6, 7, 8, 0])
+            .map(|t| t.num_tokens());
+        assert_eq!(
+            f,
+            Some(8),
+            "the previous content serves the older rendering"
+        );
+        let f = pins
+            .fork_for(1, &[1, 2, 9, 9, 9, 9, 0])
+            .map(|t| t.num_tokens());
+        assert_eq!(f, Some(6));
+        pins.save(1, vec![1, 2, 9, 9, 9, 9, 5], table_with(&pool, 7));
+        let f = pins
+            .fork_for(1, &[1, 2, 3, 4, 5, 6, 7, 8, 0])
+            .map(|t| t.num_tokens());
+        assert_eq!(f, Some(2), "only one generation is kept");
+        let tables: Vec<&BlockTable> = pins.tables().collect();
+        pool.check_invariants(&tables).unwrap();
+        assert!(pins.remove(1));
+        assert_eq!(pool.borrow().num_free_blocks(), 32);
     }
 
     #[test]
