@@ -1,8 +1,9 @@
 //! A session's live feeds: `GET …/events` (SSE dialect B) and `GET …/ws` (WebSocket, the
 //! `{type, data}` envelope). Both start with `connected`, replay the cached flash answers, then
 //! follow the session's event bus; each event carries its bus id (`id:` on SSE, `event_id` on
-//! WS) and `Last-Event-ID` resumes from the replay buffer. A subscriber that falls behind gets
-//! `lagged` and is disconnected.
+//! WS) and `Last-Event-ID` resumes from the replay buffer. A WebSocket subscriber that falls
+//! behind gets `lagged` and is disconnected; an SSE stream forwards into its body's channel,
+//! which does not yet push back (a slow SSE reader is buffered, not cut off).
 
 use super::events::SessionEvent;
 use super::ingest;
