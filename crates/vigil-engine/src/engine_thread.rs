@@ -243,6 +243,8 @@ struct EngineLoop {
     by_seq: HashMap<SeqId, u64>,
     disconnected: bool,
     pin_kv: Arc<Mutex<HashMap<PinKey, usize>>>,
+    /// The pin generation last copied into `pin_kv`.
+    published_pins: Option<u64>,
 }
 
 impl EngineLoop {
@@ -252,7 +254,7 @@ impl EngineLoop {
         stats: Arc<EngineStats>,
         pin_kv: Arc<Mutex<HashMap<PinKey, usize>>>,
     ) -> Self {
-        let me = EngineLoop {
+        let mut me = EngineLoop {
             engine,
             commands,
             stats,
@@ -260,6 +262,7 @@ impl EngineLoop {
             by_seq: HashMap::new(),
             disconnected: false,
             pin_kv,
+            published_pins: None,
         };
         me.publish();
         me
@@ -426,7 +429,7 @@ impl EngineLoop {
         }
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
         let st = &self.stats;
         let pool = self.engine.pool.borrow();
         st.kv_blocks_total
@@ -444,8 +447,11 @@ impl EngineLoop {
         st.pins.store(pins.len(), Ordering::Relaxed);
         st.pin_evictions
             .store(pins.num_evictions, Ordering::Relaxed);
-        let mut map = self.pin_kv.lock().unwrap_or_else(|e| e.into_inner());
-        map.clear();
-        map.extend(pins.kv_tokens());
+        if self.published_pins != Some(pins.generation) {
+            let mut map = self.pin_kv.lock().unwrap_or_else(|e| e.into_inner());
+            map.clear();
+            map.extend(pins.kv_tokens());
+            self.published_pins = Some(pins.generation);
+        }
     }
 }

@@ -62,6 +62,8 @@ pub struct PinStore {
     clock: u64,
     /// Pin tables dropped under memory pressure.
     pub num_evictions: u64,
+    /// Bumped by every change of what the pins hold, so readers republish only on change.
+    pub generation: u64,
 }
 
 fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
@@ -116,6 +118,7 @@ impl PinStore {
     /// Make `table` (holding KV for a prefix of `tokens`) the pin's content.
     pub fn save(&mut self, key: PinKey, tokens: Vec<u32>, mut table: BlockTable) {
         self.clock += 1;
+        self.generation += 1;
         table.truncate(tokens.len());
         let previous = (self.pins.remove(&key)).and_then(|old| old.table.map(|t| (old.tokens, t)));
         self.pins.insert(
@@ -131,6 +134,7 @@ impl PinStore {
 
     /// Drop a pin and release its blocks.
     pub fn remove(&mut self, key: PinKey) -> bool {
+        self.generation += 1;
         self.pins.remove(&key).is_some()
     }
 
@@ -147,6 +151,7 @@ impl PinStore {
             pin.table = None;
             pin.previous = None;
             self.num_evictions += 1;
+            self.generation += 1;
         }
         true
     }
