@@ -1,7 +1,8 @@
 """Session events on the tiny Qwen3: the SSE stream (`GET /v1/sessions/{id}/events`, dialect B)
 and the WebSocket (`GET /v1/sessions/{id}/ws`) through the reference client `layerscale==0.8.0`,
 sync and async, plus Vigil's additions over raw httpx / websockets: monotonic event ids,
-`Last-Event-ID` resume, `dropped` events, event ids on WS messages, the 16 MiB frame limit.
+`Last-Event-ID` resume, `dropped` events, event ids on WS messages, the 16 MiB frame limit, and
+the cut-off of a subscriber that stops reading (`lagged`, then the end) on both surfaces.
 
 What is checked: `connected` comes first, cached flash answers are replayed, a push produces
 `data_updated` (and on the socket, its `push_ack` first), ping gets pong, a bad message gets a
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import socket
 import time
 import uuid
 from typing import Iterator, Optional
@@ -21,9 +24,10 @@ import layerscale
 import pytest
 from layerscale.lib.ws import WsConnected, WsDataUpdated, WsError, WsPong, WsPushAck
 from layerscale.types import ConnectedEvent, DataUpdatedEvent, FlashReadyEvent
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from conftest import API_KEY, session_data, session_url, settle_session, sse_frames, wait_flash_fresh
+from conftest import API_KEY, session_data, session_get, session_url, settle_session, sse_frames, wait_flash_fresh
 
 READ = httpx.Timeout(10, read=20)  # the events stream is silent for 15 s at most (heartbeats)
 
@@ -366,3 +370,96 @@ def test_ws_frame_over_16_mib_ends_the_connection(qclient, qwen, janitor):
     assert qclient.sessions.get(s.id).model_extra["total_pushed"] == 0
     with ws_connect(ws_url(qwen, s.id)) as conn:
         assert json.loads(conn.recv(timeout=10))["type"] == "connected"
+
+
+# ── Slow subscribers and keep-alives ───────────────────────────────────────────────────────
+
+FLOOD = 4000  # events: the bus's 512, plus what the socket buffers and hyper's queue absorb
+
+
+def slow_socket(server) -> socket.socket:
+    """A client socket that holds little: small receive buffer and segments, so a subscriber
+    that does not read stalls the server's writes after a few kilobytes."""
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+    sock.connect((host, int(port)))
+    return sock
+
+
+def flood_events(server, sid: str, n: int) -> int:
+    """Publishes `n` events cheaply over a WebSocket that keeps up: in a session created with
+    `max_pending_bytes=1` every entry overflows the queue, so each push is one `dropped` event
+    and nothing reaches the engine."""
+    with ws_connect(ws_url(server, sid)) as ws:
+        for i in range(n):
+            ws.send(json.dumps({"type": "push", "data": [f"f{i}"]}))
+            while (msg := json.loads(ws.recv(timeout=10)))["type"] != "push_ack":
+                assert msg["type"] != "error", msg
+            assert msg["data"]["dropped"] == 1, msg
+    return n
+
+
+def test_sse_reader_that_stops_reading_gets_lagged_then_the_end(qwen, janitor):
+    s = janitor.create(qwen, max_pending_bytes=1)
+    sock = slow_socket(qwen)
+    try:
+        sock.sendall(f"GET /v1/sessions/{s['id']}/events HTTP/1.1\r\nHost: vigil\r\n\r\n".encode())
+        time.sleep(0.2)  # subscribed (the response head is written at once)
+        flood_events(qwen, s["id"], FLOOD)
+        sock.settimeout(20)
+        raw = b""
+        while not raw.endswith(b"\r\n0\r\n\r\n"):  # the chunked body's end
+            chunk = sock.recv(1 << 16)
+            assert chunk, f"connection closed before the body ended: {raw[-300:]!r}"
+            raw += chunk
+    finally:
+        sock.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head, head
+    events = [line[len(b"event: "):].decode() for line in body.split(b"\n") if line.startswith(b"event: ")]
+    assert events[0] == "connected", events[:3]
+    assert events[-1] == "lagged", events[-5:]
+    assert events.count("lagged") == 1
+    delivered = len(events) - 2
+    assert 0 < delivered < FLOOD, f"{delivered} events delivered of {FLOOD}: the reader was not cut off"
+    missed = json.loads(body[body.rindex(b"data: ") + 6:].split(b"\n")[0])["missed"]
+    assert missed > 0
+    # Cut off, not stuck: the session has no stream attached any more and still serves.
+    assert session_get(qwen, s["id"])["subscribers"] == 0
+
+
+def test_ws_reader_that_stops_reading_gets_lagged_then_close(qwen, janitor):
+    s = janitor.create(qwen, max_pending_bytes=1)
+    kinds = []
+    with ws_connect(ws_url(qwen, s["id"]), sock=slow_socket(qwen), max_queue=1) as slow:
+        flood_events(qwen, s["id"], FLOOD)
+        with pytest.raises(ConnectionClosed):
+            while True:
+                kinds.append(json.loads(slow.recv(timeout=20))["type"])
+    assert kinds[0] == "connected", kinds[:3]
+    assert kinds[-1] == "lagged", kinds[-5:]
+    assert 0 < len(kinds) - 2 < FLOOD, f"{len(kinds) - 2} events delivered of {FLOOD}"
+    assert session_get(qwen, s["id"])["subscribers"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_idle_streams_are_kept_alive_every_15_seconds(qclient, qwen, janitor, caplog):
+    """An idle SSE stream gets a `: heartbeat` comment and an idle socket a ping within 15 s
+    (the client answers the ping, which also keeps the server's 30 s read deadline at bay)."""
+    s = create(qclient, qwen, janitor)
+    caplog.set_level(logging.DEBUG, logger="websockets.client")
+    with ws_connect(ws_url(qwen, s.id)) as ws, httpx.Client(timeout=READ) as hc:
+        assert json.loads(ws.recv(timeout=10))["type"] == "connected"
+        with hc.stream("GET", session_url(qwen, s.id, "/events")) as r:
+            started = time.monotonic()
+            lines = r.iter_lines()
+            assert next(lines).startswith("event: connected")
+            line = next(l for l in lines if l.startswith(":"))
+            assert line == ": heartbeat"
+            assert 14 < time.monotonic() - started < 17
+        pings = [rec for rec in caplog.records if "< PING" in rec.getMessage()]
+        assert pings, [rec.getMessage() for rec in caplog.records]
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "pong"

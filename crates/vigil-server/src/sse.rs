@@ -5,6 +5,7 @@
 use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
+use futures_util::{Stream, StreamExt};
 use std::convert::Infallible;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -14,9 +15,18 @@ where
 {
     let stream = futures_util::stream::unfold((rx, frame), |(mut rx, frame)| async move {
         let item = rx.recv().await?;
-        let bytes = axum::body::Bytes::from(frame(item));
-        Some((Ok::<_, Infallible>(bytes), (rx, frame)))
+        Some((frame(item), (rx, frame)))
     });
+    frames_response(stream)
+}
+
+/// A response whose body is the given SSE frames, each written whole. The body pulls the next
+/// frame only when the connection can take it, so a slow reader pushes back on the stream.
+pub fn frames_response<S>(frames: S) -> Response
+where
+    S: Stream<Item = String> + Send + 'static,
+{
+    let stream = frames.map(|f| Ok::<_, Infallible>(axum::body::Bytes::from(f)));
     let mut resp = Response::new(Body::from_stream(stream));
     *resp.status_mut() = StatusCode::OK;
     let h = resp.headers_mut();
@@ -40,10 +50,4 @@ pub fn event_stream(rx: UnboundedReceiver<String>) -> Response {
         Some((name, data)) => format!("event: {name}\ndata: {data}\n\n"),
         None => format!("data: {item}\n\n"),
     })
-}
-
-/// Frames written exactly as given (each item is whole SSE text: `id:`/`event:`/`data:` lines
-/// or a `: comment`, ending in a blank line).
-pub fn raw_stream(rx: UnboundedReceiver<String>) -> Response {
-    sse_response(rx, |frame| frame)
 }

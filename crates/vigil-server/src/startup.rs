@@ -7,6 +7,7 @@ use crate::metrics::ServerMetrics;
 use crate::state::{AppState, ServerConfig};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use axum::serve::ListenerExt;
 use axum::Router;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -95,7 +96,11 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("ready: serving `{}` on http://{addr}", state.model_id);
-    let listener = tokio::net::TcpListener::from_std(listener)?;
+    // Streamed tokens and events are small writes: without TCP_NODELAY each would wait on the
+    // client's delayed ACK (up to 40 ms on Linux) behind the previous one.
+    let listener = tokio::net::TcpListener::from_std(listener)?.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(crate::session::run_reaper(state.clone()));
     let closing = state.clone();
     axum::serve(listener, app)

@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 /// Events kept for resume.
 pub const REPLAY_EVENTS: usize = 1024;
 /// Events a subscriber may fall behind before it is cut off.
-const CHANNEL_EVENTS: usize = 512;
+pub const CHANNEL_EVENTS: usize = 512;
 
 #[derive(Debug)]
 pub struct SessionEvent {

@@ -154,14 +154,15 @@ impl SessionRegistry {
                 .sessions_live
                 .store(map.len(), Ordering::Relaxed);
         }
+        // Published before the streams are told to end, so each one sends it as its last event.
+        session
+            .events
+            .publish("deleted", serde_json::json!({"session_id": session.id}));
         session.mark_deleted();
         // Wait (briefly) for the batch or warm in flight to let go, so no request saves to
         // the pin after it is dropped; their aborts reach the engine first either way.
         let _ = tokio::time::timeout(Duration::from_secs(2), session.writer.lock()).await;
         let _ = state.engine.drop_pin(session.pin);
-        session
-            .events
-            .publish("deleted", serde_json::json!({"session_id": session.id}));
     }
 
     /// End every session's event streams and workers (at shutdown).

@@ -254,6 +254,7 @@ impl Session {
             "evicted_tokens": st.evicted_tokens,
             "window_recomputes": st.window_recomputes,
             "flash_queries": st.flash.len(),
+            "subscribers": st.subscribers,
         });
         if let Some(w) = self.settings.window {
             v["window"] = json!(w);

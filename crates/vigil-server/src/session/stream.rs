@@ -1,9 +1,9 @@
 //! A session's live feeds: `GET …/events` (SSE dialect B) and `GET …/ws` (WebSocket, the
 //! `{type, data}` envelope). Both start with `connected`, replay the cached flash answers, then
 //! follow the session's event bus; each event carries its bus id (`id:` on SSE, `event_id` on
-//! WS) and `Last-Event-ID` resumes from the replay buffer. A WebSocket subscriber that falls
-//! behind gets `lagged` and is disconnected; an SSE stream forwards into its body's channel,
-//! which does not yet push back (a slow SSE reader is buffered, not cut off).
+//! WS) and `Last-Event-ID` resumes from the replay buffer. Both read the bus only as fast as
+//! the client reads the connection, so a subscriber that falls more than the bus's capacity
+//! behind gets `lagged` and is cut off; nothing is buffered per subscriber beyond the socket.
 
 use super::events::SessionEvent;
 use super::ingest;
@@ -17,12 +17,13 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
+use futures_util::Stream;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc;
+use tokio::sync::broadcast::{self, error::RecvError};
 
 const HEARTBEAT: Duration = Duration::from_secs(15);
 const WS_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -77,57 +78,84 @@ pub async fn events(
     let last_id = (headers.get("last-event-id"))
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    let (mut rx, buffered) = session.events.subscribe(last_id);
+    crate::sse::frames_response(sse_feed(session, last_id))
+}
+
+/// The frames of one SSE subscription: `connected`, then the buffered events after `last_id`
+/// when the buffer reaches back to it (else the cached flash answers), then the live bus.
+fn sse_feed(session: Arc<Session>, last_id: Option<u64>) -> impl Stream<Item = String> {
+    let (rx, buffered) = session.events.subscribe(last_id);
     let (connected, flash_replay) = opening_events(&session);
-    // Resume from the buffer when it reaches back to the client's last event; otherwise
-    // resynchronise from the cached answers.
     let resumed = last_id.is_some_and(|last| {
         buffered
             .first()
             .map_or(session.events.next_id() == last + 1, |e| e.id == last + 1)
     });
-    let (tx, out) = mpsc::unbounded_channel::<String>();
-    let sub = Subscriber::new(session.clone());
-    tokio::spawn(async move {
-        let session = sub.0.clone();
-        let _sub = sub;
-        let _ = tx.send(sse_frame(None, "connected", &connected));
-        if resumed {
-            for ev in &buffered {
-                let _ = tx.send(sse_frame(Some(ev.id), ev.kind, &ev.data));
-            }
-        } else {
-            for data in &flash_replay {
-                let _ = tx.send(sse_frame(None, "flash_ready", data));
-            }
+    let mut opening = VecDeque::new();
+    opening.push_back(sse_frame(None, "connected", &connected));
+    if resumed {
+        opening.extend(
+            buffered
+                .iter()
+                .map(|ev| sse_frame(Some(ev.id), ev.kind, &ev.data)),
+        );
+    } else {
+        opening.extend(
+            flash_replay
+                .iter()
+                .map(|d| sse_frame(None, "flash_ready", d)),
+        );
+    }
+    let feed = SseFeed {
+        sub: Subscriber::new(session),
+        rx,
+        opening,
+        done: false,
+    };
+    futures_util::stream::unfold(feed, SseFeed::next_frame)
+}
+
+/// The state of one SSE stream. Its frames are pulled by the response body, so the bus
+/// receiver is read only as fast as the client reads: a reader more than the bus's capacity
+/// behind finds `Lagged` on its receiver and gets `lagged`, then the end of the stream.
+struct SseFeed {
+    sub: Subscriber,
+    rx: broadcast::Receiver<Arc<SessionEvent>>,
+    opening: VecDeque<String>,
+    done: bool,
+}
+
+impl SseFeed {
+    async fn next_frame(mut self) -> Option<(String, Self)> {
+        if let Some(frame) = self.opening.pop_front() {
+            return Some((frame, self));
         }
-        loop {
-            let next = tokio::select! {
-                r = tokio::time::timeout(HEARTBEAT, rx.recv()) => r,
-                _ = tx.closed() => return,
-                _ = session.wait_deleted() => return,
-            };
-            let frame = match next {
-                Err(_) => ": heartbeat\n\n".to_string(),
-                Ok(Ok(ev)) => {
-                    if ev.kind == "deleted" {
-                        let _ = tx.send(sse_frame(Some(ev.id), ev.kind, &ev.data));
-                        return;
-                    }
-                    sse_frame(Some(ev.id), ev.kind, &ev.data)
-                }
-                Ok(Err(RecvError::Lagged(n))) => {
-                    let _ = tx.send(sse_frame(None, "lagged", &json!({"missed": n})));
-                    return;
-                }
-                Ok(Err(RecvError::Closed)) => return,
-            };
-            if tx.send(frame).is_err() {
-                return;
-            }
+        if self.done {
+            return None;
         }
-    });
-    crate::sse::raw_stream(out)
+        let session = self.sub.0.clone();
+        let next = tokio::select! {
+            biased;
+            r = tokio::time::timeout(HEARTBEAT, self.rx.recv()) => r,
+            _ = session.wait_deleted() => match self.rx.try_recv() {
+                Ok(ev) => Ok(Ok(ev)),
+                Err(_) => return None,
+            },
+        };
+        let frame = match next {
+            Err(_) => ": heartbeat\n\n".to_string(),
+            Ok(Ok(ev)) => {
+                self.done = ev.kind == "deleted";
+                sse_frame(Some(ev.id), ev.kind, &ev.data)
+            }
+            Ok(Err(RecvError::Lagged(n))) => {
+                self.done = true;
+                sse_frame(None, "lagged", &json!({"missed": n}))
+            }
+            Ok(Err(RecvError::Closed)) => return None,
+        };
+        Some((frame, self))
+    }
 }
 
 pub async fn ws(
@@ -234,6 +262,9 @@ async fn serve_socket(state: SharedState, session: Arc<Session>, mut socket: Web
                 return;
             }
             _ = session.wait_deleted() => {
+                while let Ok(ev) = rx.try_recv() {
+                    let _ = socket.send(event_message(&ev)).await;
+                }
                 let _ = socket.send(Message::Close(None)).await;
                 return;
             }
@@ -282,5 +313,111 @@ async fn handle_text(state: &SharedState, session: &Arc<Session>, text: &str) ->
                 Err(e) => ws_error(&e),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::events::CHANNEL_EVENTS;
+    use crate::session::state::{Overflow, SessionSettings};
+    use futures_util::StreamExt;
+
+    fn session() -> Arc<Session> {
+        let settings = SessionSettings {
+            window: None,
+            evict_to: None,
+            pre_decode: false,
+            prompt: None,
+            overflow: Overflow::DropOldest,
+            max_pending: 16,
+            max_pending_bytes: 1 << 20,
+        };
+        Arc::new(Session::new("s".into(), 1, settings, vec![1, 2, 3]))
+    }
+
+    fn kind(frame: &str) -> &str {
+        frame
+            .lines()
+            .find_map(|l| l.strip_prefix("event: "))
+            .unwrap_or(frame.trim())
+    }
+
+    #[tokio::test]
+    async fn a_reader_too_far_behind_gets_lagged_then_the_end() {
+        let s = session();
+        let mut feed = Box::pin(sse_feed(s.clone(), None));
+        assert_eq!(kind(&feed.next().await.unwrap()), "connected");
+        for i in 0..CHANNEL_EVENTS + 88 {
+            s.events
+                .publish("data_updated", json!({ "data_version": i }));
+        }
+        let lagged = feed.next().await.unwrap();
+        assert_eq!(kind(&lagged), "lagged");
+        assert!(lagged.contains(r#"{"missed":88}"#), "{lagged}");
+        assert_eq!(s.lock().subscribers, 1);
+        assert!(feed.next().await.is_none());
+        assert_eq!(
+            s.lock().subscribers,
+            0,
+            "an ended stream no longer holds the session"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reader_within_the_bus_capacity_gets_every_event_in_order() {
+        let s = session();
+        let mut feed = Box::pin(sse_feed(s.clone(), None));
+        for i in 0..CHANNEL_EVENTS {
+            s.events
+                .publish("data_updated", json!({ "data_version": i }));
+        }
+        assert_eq!(kind(&feed.next().await.unwrap()), "connected");
+        for i in 0..CHANNEL_EVENTS {
+            let f = feed.next().await.unwrap();
+            assert!(f.starts_with(&format!("id: {}\n", i + 1)), "{f}");
+            assert!(
+                f.ends_with(&format!("data: {{\"data_version\":{i}}}\n\n")),
+                "{f}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_stream_sends_a_heartbeat_every_15_seconds() {
+        let s = session();
+        let mut feed = Box::pin(sse_feed(s.clone(), None));
+        assert_eq!(kind(&feed.next().await.unwrap()), "connected");
+        let started = tokio::time::Instant::now();
+        assert_eq!(feed.next().await.unwrap(), ": heartbeat\n\n");
+        assert_eq!(started.elapsed(), HEARTBEAT);
+        s.events.publish("data_updated", json!({}));
+        assert_eq!(kind(&feed.next().await.unwrap()), "data_updated");
+        assert_eq!(feed.next().await.unwrap(), ": heartbeat\n\n");
+        assert_eq!(started.elapsed(), 2 * HEARTBEAT);
+    }
+
+    #[tokio::test]
+    async fn a_deleted_session_sends_deleted_last() {
+        let s = session();
+        let mut feed = Box::pin(sse_feed(s.clone(), None));
+        assert_eq!(kind(&feed.next().await.unwrap()), "connected");
+        s.events.publish("deleted", json!({"session_id": "s"}));
+        s.mark_deleted();
+        assert_eq!(kind(&feed.next().await.unwrap()), "deleted");
+        assert!(feed.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn last_event_id_resumes_from_the_buffer() {
+        let s = session();
+        for i in 0..5 {
+            s.events
+                .publish("data_updated", json!({ "data_version": i }));
+        }
+        let mut feed = Box::pin(sse_feed(s.clone(), Some(3)));
+        assert_eq!(kind(&feed.next().await.unwrap()), "connected");
+        assert!(feed.next().await.unwrap().starts_with("id: 4\n"));
+        assert!(feed.next().await.unwrap().starts_with("id: 5\n"));
     }
 }
