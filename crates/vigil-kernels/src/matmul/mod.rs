@@ -23,6 +23,10 @@ use std::cell::RefCell;
 
 /// Weight rows are split between threads in multiples of this (the decode tile's width).
 const ROW_ALIGN: usize = 8;
+/// From this many activation rows, Q4_0 / Q4_1 use the repacked-weight GEMM kernel
+/// (`avx2_gemm`); below it (decode), the row tiles that stream the weights in place.
+#[cfg(target_arch = "x86_64")]
+const GEMM_MIN_ROWS: usize = 4;
 /// Below this much work (weight bytes × activation rows) the call stays on one thread.
 const PARALLEL_MIN_WORK: usize = 64 * 1024;
 
@@ -214,7 +218,21 @@ trait Fmt32Path {
 }
 
 macro_rules! fmt32 {
+    ($name:ident, $w:ty, $a:ty, $dot:path, $avx:ty, nibbles) => {
+        fmt32!(@impl $name, $w, $a, $dot, |w, rows, acts, r0, r1, out| {
+            if acts.m >= GEMM_MIN_ROWS {
+                crate::quant::dot::avx2_gemm::matmul_rows::<$avx>(w, rows, acts, r0, r1, out)
+            } else {
+                crate::quant::dot::avx2::matmul_rows::<$avx>(w, rows, acts, r0, r1, out)
+            }
+        });
+    };
     ($name:ident, $w:ty, $a:ty, $dot:path, $avx:ty) => {
+        fmt32!(@impl $name, $w, $a, $dot, |w, rows, acts, r0, r1, out| {
+            crate::quant::dot::avx2::matmul_rows::<$avx>(w, rows, acts, r0, r1, out)
+        });
+    };
+    (@impl $name:ident, $w:ty, $a:ty, $dot:path, |$wv:ident, $rows:ident, $acts:ident, $r0:ident, $r1:ident, $out:ident| $body:block) => {
         struct $name;
         impl Fmt32Path for $name {
             type W = $w;
@@ -224,14 +242,14 @@ macro_rules! fmt32 {
             }
             #[cfg(target_arch = "x86_64")]
             unsafe fn avx2_rows(
-                w: &[$w],
-                rows: usize,
-                acts: &Acts32<$a>,
-                r0: usize,
-                r1: usize,
-                out: *mut f32,
+                $wv: &[$w],
+                $rows: usize,
+                $acts: &Acts32<$a>,
+                $r0: usize,
+                $r1: usize,
+                $out: *mut f32,
             ) {
-                crate::quant::dot::avx2::matmul_rows::<$avx>(w, rows, acts, r0, r1, out)
+                $body
             }
         }
     };
@@ -242,14 +260,16 @@ fmt32!(
     BlockQ4_0,
     BlockQ8_0,
     scalar::dot_q4_0_q8_0,
-    crate::quant::dot::avx2::Q4_0
+    crate::quant::dot::avx2::Q4_0,
+    nibbles
 );
 fmt32!(
     Q4_1Fmt,
     BlockQ4_1,
     BlockQ8_1,
     scalar::dot_q4_1_q8_1,
-    crate::quant::dot::avx2::Q4_1
+    crate::quant::dot::avx2::Q4_1,
+    nibbles
 );
 fmt32!(
     Q8_0Fmt,

@@ -21,6 +21,8 @@ pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_float;
 #[cfg(target_arch = "x86_64")]
+pub mod avx2_gemm;
+#[cfg(target_arch = "x86_64")]
 pub mod avx2_k;
 
 /// Q4_0 / Q8_0 weights × Q8_0 activations: `sum += sumi * (dx * dy)`.

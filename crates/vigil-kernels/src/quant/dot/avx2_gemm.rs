@@ -1,0 +1,263 @@
+//! AVX2 prefill micro-kernel for the 4-bit 32-value formats (Q4_0, Q4_1 weights × Q8_0 / Q8_1
+//! activations), over weights repacked 8 rows at a time.
+//!
+//! For each group of 8 weight rows the thread repacks the blocks into an L1-resident buffer
+//! (`Packed`): per block, the 8 rows' scales (and Q4_1 mins) as f32 lanes, and their quants
+//! interleaved 4 bytes per row, so that one 256-bit vector holds bytes `4h..4h + 4` of every
+//! row. Its low nibbles are the rows' values `4h..4h + 4`, its high nibbles values
+//! `16 + 4h..16 + 4h + 4`. Multiplying it (`maddubs`) by the activation's matching 4 bytes
+//! broadcast to every lane puts row `k`'s partial dot in lane pair `k`; summing the 8 partial
+//! vectors (exactly, in i16: each term is at most 2 · 15 · 128, eight of them fit) and one
+//! `madd` gives each row's exact integer block dot in i32 lane `k`, with no horizontal
+//! reduction. The per-lane float fold is `super::acc_q4_1` / `super::acc_q8` in block order,
+//! so every output equals the scalar path bit for bit (see `super`).
+//!
+//! A tile is `MR` activation rows × the group's 8 weight rows: each unpacked weight vector
+//! serves `MR` rows from registers, and the group's buffer serves every activation row of a
+//! chunk from L1.
+
+// Index loops mirror the block layouts and the tile shapes.
+#![allow(clippy::needless_range_loop)]
+
+use super::Acts32;
+use crate::quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Activation rows per pass over a thread's weight groups: their quantized blocks stay in L2
+/// while each group's packed buffer (192 bytes a block) serves them all from L1.
+const ROW_CHUNK: usize = 64;
+/// Activation rows per register tile.
+const MR: usize = 4;
+
+/// One block of 8 weight rows, as the micro-kernel streams it.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub struct Packed {
+    d: [f32; 8],
+    m: [f32; 8],
+    qs: [[u8; 32]; 4],
+}
+
+const ZERO: Packed = Packed {
+    d: [0.0; 8],
+    m: [0.0; 8],
+    qs: [[0; 32]; 4],
+};
+
+thread_local! {
+    static PACKED: RefCell<Vec<Packed>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A 4-bit weight format and its activation format, as this kernel sees them.
+pub trait Nibble32 {
+    type W: bytemuck::Pod;
+    type A: bytemuck::Pod;
+    /// Q4_1: add `mx * sy` per block.
+    const HAS_MIN: bool;
+    /// Q4_0: the quants are stored +8; subtract `8 * Σy` from the integer dot.
+    const OFFSET8: bool;
+    /// The block's 16 quant bytes.
+    fn qs(w: &Self::W) -> &[u8; 16];
+    /// f16 bits of the block's scale and min.
+    fn d_m(w: &Self::W) -> (u16, u16);
+    /// The activation block's 32 quants.
+    fn act_qs(a: &Self::A) -> &[i8; 32];
+}
+
+impl Nibble32 for super::avx2::Q4_0 {
+    type W = BlockQ4_0;
+    type A = BlockQ8_0;
+    const HAS_MIN: bool = false;
+    const OFFSET8: bool = true;
+    fn qs(w: &BlockQ4_0) -> &[u8; 16] {
+        &w.qs
+    }
+    fn d_m(w: &BlockQ4_0) -> (u16, u16) {
+        (w.d.to_bits(), 0)
+    }
+    fn act_qs(a: &BlockQ8_0) -> &[i8; 32] {
+        &a.qs
+    }
+}
+
+impl Nibble32 for super::avx2::Q4_1 {
+    type W = BlockQ4_1;
+    type A = BlockQ8_1;
+    const HAS_MIN: bool = true;
+    const OFFSET8: bool = false;
+    fn qs(w: &BlockQ4_1) -> &[u8; 16] {
+        &w.qs
+    }
+    fn d_m(w: &BlockQ4_1) -> (u16, u16) {
+        (w.d.to_bits(), w.m.to_bits())
+    }
+    fn act_qs(a: &BlockQ8_1) -> &[i8; 32] {
+        &a.qs
+    }
+}
+
+/// Repack weight rows `j0..j0 + 8` (rows `>= r1` repeat row `r1 - 1`; their outputs are
+/// dropped) into `out[..nb]`.
+///
+/// # Safety
+/// AVX2+F16C; `w` holds at least `r1 * nb` blocks; `j0 < r1`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack<F: Nibble32>(w: &[F::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
+    let rows: [&[F::W]; 8] = std::array::from_fn(|k| {
+        let j = (j0 + k).min(r1 - 1);
+        &w[j * nb..(j + 1) * nb]
+    });
+    for (b, p) in out[..nb].iter_mut().enumerate() {
+        let q = |k: usize| _mm_loadu_si128(F::qs(&rows[k][b]).as_ptr().cast());
+        // Row k in the low half, row k + 4 in the high half; then a 4 × 4 dword transpose
+        // per half gives vector h = dword h of rows 0..8.
+        let y: [__m256i; 4] = std::array::from_fn(|k| _mm256_set_m128i(q(k + 4), q(k)));
+        let t0 = _mm256_unpacklo_epi32(y[0], y[1]);
+        let t1 = _mm256_unpackhi_epi32(y[0], y[1]);
+        let t2 = _mm256_unpacklo_epi32(y[2], y[3]);
+        let t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+        let v = [
+            _mm256_unpacklo_epi64(t0, t2),
+            _mm256_unpackhi_epi64(t0, t2),
+            _mm256_unpacklo_epi64(t1, t3),
+            _mm256_unpackhi_epi64(t1, t3),
+        ];
+        for h in 0..4 {
+            _mm256_store_si256(p.qs[h].as_mut_ptr().cast(), v[h]);
+        }
+        let mut d = [0u16; 8];
+        let mut m = [0u16; 8];
+        for k in 0..8 {
+            (d[k], m[k]) = F::d_m(&rows[k][b]);
+        }
+        // f16 → f32 is exact, so converting here instead of per use changes no result.
+        _mm256_store_ps(
+            p.d.as_mut_ptr(),
+            _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast())),
+        );
+        _mm256_store_ps(
+            p.m.as_mut_ptr(),
+            _mm256_cvtph_ps(_mm_loadu_si128(m.as_ptr().cast())),
+        );
+    }
+}
+
+/// The `R × 8` outputs of activation rows `i0..i0 + R` against one packed group, lane `k` of
+/// result `i` being weight row `k` of the group.
+///
+/// # Safety
+/// AVX2; `pk` holds `nb` blocks; `acts` covers rows `i0..i0 + R`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<F: Nibble32, const R: usize>(
+    pk: &[Packed],
+    acts: &Acts32<F::A>,
+    i0: usize,
+) -> [__m256; R] {
+    let (m, nb) = (acts.m, acts.nb);
+    let mask = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let ya: [*const i8; R] =
+        std::array::from_fn(|i| F::act_qs(&acts.blocks[(i0 + i) * nb]).as_ptr());
+    let stride = std::mem::size_of::<F::A>();
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..nb {
+        let p = pk.as_ptr().add(b);
+        let mut s16 = [_mm256_setzero_si256(); R];
+        for h in 0..4 {
+            let raw = _mm256_load_si256((*p).qs[h].as_ptr().cast());
+            let lo = _mm256_and_si256(raw, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask);
+            for i in 0..R {
+                let y = ya[i].add(b * stride);
+                let ylo = _mm256_set1_epi32(y.add(4 * h).cast::<i32>().read_unaligned());
+                let yhi = _mm256_set1_epi32(y.add(16 + 4 * h).cast::<i32>().read_unaligned());
+                let s =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi));
+                s16[i] = _mm256_add_epi16(s16[i], s);
+            }
+        }
+        let dx = _mm256_load_ps((*p).d.as_ptr());
+        let side = b * m + i0;
+        for i in 0..R {
+            let mut sumi = _mm256_madd_epi16(s16[i], ones);
+            if F::OFFSET8 {
+                let ysum = _mm256_set1_epi32(*acts.ysum.get_unchecked(side + i));
+                sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<3>(ysum));
+            }
+            let dy = _mm256_set1_ps(*acts.d.get_unchecked(side + i));
+            let mut t = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dx, dy));
+            if F::HAS_MIN {
+                let mx = _mm256_load_ps((*p).m.as_ptr());
+                let sy = _mm256_set1_ps(*acts.s.get_unchecked(side + i));
+                t = _mm256_add_ps(t, _mm256_mul_ps(mx, sy));
+            }
+            acc[i] = _mm256_add_ps(acc[i], t);
+        }
+    }
+    acc
+}
+
+/// Store tile row `i`'s 8 lanes at `out[i * rows + j0..]`, dropping weight rows `>= r1`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store(out: *mut f32, rows: usize, v: __m256, i: usize, j0: usize, r1: usize) {
+    let dst = out.add(i * rows + j0);
+    if j0 + 8 <= r1 {
+        _mm256_storeu_ps(dst, v);
+    } else {
+        let mut r = [0f32; 8];
+        _mm256_storeu_ps(r.as_mut_ptr(), v);
+        for (k, &x) in r.iter().enumerate().take(r1 - j0) {
+            *dst.add(k) = x;
+        }
+    }
+}
+
+/// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`.
+///
+/// # Safety
+/// AVX2+FMA+F16C available; `w` holds `rows * nb` blocks; `out` addresses `m * rows` floats
+/// and no other thread writes columns `r0..r1`; the activation side arrays are filled.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn matmul_rows<F: Nibble32>(
+    w: &[F::W],
+    rows: usize,
+    acts: &Acts32<F::A>,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    let (m, nb) = (acts.m, acts.nb);
+    PACKED.with(|cell| {
+        let mut fresh = Vec::new();
+        let mut guard = cell.try_borrow_mut();
+        let buf = match guard {
+            Ok(ref mut v) => &mut **v,
+            // Re-entered on this thread (not expected): use a private buffer.
+            Err(_) => &mut fresh,
+        };
+        if buf.len() < nb {
+            buf.resize(nb, ZERO);
+        }
+        for c0 in (0..m).step_by(ROW_CHUNK) {
+            let c1 = (c0 + ROW_CHUNK).min(m);
+            let full = c0 + (c1 - c0) / MR * MR;
+            for j0 in (r0..r1).step_by(8) {
+                pack::<F>(w, nb, j0, r1, buf);
+                let pk = &buf[..nb];
+                for i0 in (c0..full).step_by(MR) {
+                    let acc = tile::<F, MR>(pk, acts, i0);
+                    for i in 0..MR {
+                        store(out, rows, acc[i], i0 + i, j0, r1);
+                    }
+                }
+                for i0 in full..c1 {
+                    let [acc] = tile::<F, 1>(pk, acts, i0);
+                    store(out, rows, acc, i0, j0, r1);
+                }
+            }
+        }
+    });
+}
