@@ -17,6 +17,8 @@ pub trait KvElem: Copy + Send + Sync + Default + 'static {
     fn dot_avx2(a: &[f32], b: &[Self]) -> f32;
     /// `out += w * v` with AVX2+FMA(+F16C); same preconditions.
     fn axpy_avx2(out: &mut [f32], w: f32, v: &[Self]);
+    /// `out[i] = v[i]` as f32 (exact) with AVX2+F16C; same preconditions.
+    fn widen_avx2(out: &mut [f32], v: &[Self]);
 }
 
 impl KvElem for f32 {
@@ -33,6 +35,9 @@ impl KvElem for f32 {
     fn axpy_avx2(out: &mut [f32], w: f32, v: &[Self]) {
         // SAFETY: as above.
         unsafe { simd::axpy_f32(out, w, v) }
+    }
+    fn widen_avx2(out: &mut [f32], v: &[Self]) {
+        out.copy_from_slice(&v[..out.len()]);
     }
 }
 
@@ -51,11 +56,17 @@ impl KvElem for f16 {
         // SAFETY: as above.
         unsafe { simd::axpy_f16(out, w, v) }
     }
+    fn widen_avx2(out: &mut [f32], v: &[Self]) {
+        // SAFETY: as above.
+        unsafe { simd::widen_f16(out, v) }
+    }
 }
 
 /// AVX2 inner loops of attention: 8 lanes, one fixed reduction order.
 #[cfg(target_arch = "x86_64")]
 mod simd {
+    // Index loops mirror the register tiles.
+    #![allow(clippy::needless_range_loop)]
     use half::f16;
     use std::arch::x86_64::*;
 
@@ -91,6 +102,114 @@ mod simd {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn widen_f16(out: &mut [f32], v: &[f16]) {
+        assert!(v.len() >= out.len() && out.len().is_multiple_of(8));
+        for i in (0..out.len()).step_by(8) {
+            let y = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i).cast()));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), y);
+        }
+    }
+
+    /// Lane `j` = `hsum(v[j])`, each with exactly `hsum`'s addition tree (lane `i` + lane
+    /// `i + 4`, then `(0 + 2) + (1 + 3)`), so 8 keys' scores equal 8 single dots bit for bit.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum8(v: &[__m256; 8]) -> __m256 {
+        let half = |a: __m256, b: __m256| {
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            )
+        };
+        // u_j = [s(v_j) | s(v_{j+4})], s = 4 lanes of lo + hi.
+        let u = [
+            half(v[0], v[4]),
+            half(v[1], v[5]),
+            half(v[2], v[6]),
+            half(v[3], v[7]),
+        ];
+        let pair = |a: __m256, b: __m256| {
+            _mm256_add_ps(
+                _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
+                _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
+            )
+        };
+        let w0 = pair(u[0], u[1]);
+        let w1 = pair(u[2], u[3]);
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b10_00_10_00>(w0, w1),
+            _mm256_shuffle_ps::<0b11_01_11_01>(w0, w1),
+        )
+    }
+
+    /// `out[j] = (q · k[j]) * scale` for `n` keys stored as f32 rows of `d` in `k`; each
+    /// dot with `dot_f16`'s operations in its order.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scores(q: &[f32], k: &[f32], n: usize, scale: f32, out: &mut [f32]) {
+        let d = q.len();
+        assert!(d.is_multiple_of(8) && k.len() >= n * d && out.len() >= n);
+        let (q, k) = (q.as_ptr(), k.as_ptr());
+        let sv = _mm256_set1_ps(scale);
+        let full = n / 8 * 8;
+        for j0 in (0..full).step_by(8) {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for c in (0..d).step_by(8) {
+                let x = _mm256_loadu_ps(q.add(c));
+                for j in 0..8 {
+                    let y = _mm256_loadu_ps(k.add((j0 + j) * d + c));
+                    acc[j] = _mm256_fmadd_ps(x, y, acc[j]);
+                }
+            }
+            _mm256_storeu_ps(out.as_mut_ptr().add(j0), _mm256_mul_ps(hsum8(&acc), sv));
+        }
+        for j in full..n {
+            let mut acc = _mm256_setzero_ps();
+            for c in (0..d).step_by(8) {
+                let y = _mm256_loadu_ps(k.add(j * d + c));
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(c)), y, acc);
+            }
+            out[j] = hsum(acc) * scale;
+        }
+    }
+
+    /// `out += Σ_j w[j] * v[j]` over f32 rows of `out.len()` in `v`, in key order with
+    /// `axpy_f16`'s operations, the output held in registers across the keys.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn weighted_sum(out: &mut [f32], w: &[f32], v: &[f32]) {
+        let d = out.len();
+        assert!(d.is_multiple_of(8) && v.len() >= w.len() * d);
+        let mut s = 0;
+        while s + 64 <= d {
+            weighted_sum_slice::<8>(out.as_mut_ptr().add(s), w, v.as_ptr().add(s), d);
+            s += 64;
+        }
+        while s < d {
+            weighted_sum_slice::<1>(out.as_mut_ptr().add(s), w, v.as_ptr().add(s), d);
+            s += 8;
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weighted_sum_slice<const C: usize>(
+        out: *mut f32,
+        w: &[f32],
+        v: *const f32,
+        d: usize,
+    ) {
+        let mut acc: [__m256; C] = std::array::from_fn(|c| _mm256_loadu_ps(out.add(8 * c)));
+        for (j, &wj) in w.iter().enumerate() {
+            let wv = _mm256_set1_ps(wj);
+            for c in 0..C {
+                let y = _mm256_loadu_ps(v.add(j * d + 8 * c));
+                acc[c] = _mm256_fmadd_ps(wv, y, acc[c]);
+            }
+        }
+        for c in 0..C {
+            _mm256_storeu_ps(out.add(8 * c), acc[c]);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         assert!(b.len() >= a.len() && a.len().is_multiple_of(8));
         let mut acc = _mm256_setzero_ps();
@@ -121,6 +240,7 @@ mod simd {
 /// Non-x86 builds never take the SIMD path (`cpu::features()` says no); these keep it compiling.
 #[cfg(not(target_arch = "x86_64"))]
 mod simd {
+    #![allow(clippy::needless_range_loop)]
     use half::f16;
     pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
         a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
@@ -135,6 +255,21 @@ mod simd {
     }
     pub unsafe fn axpy_f32(out: &mut [f32], w: f32, v: &[f32]) {
         out.iter_mut().zip(v).for_each(|(o, y)| *o += w * y)
+    }
+    pub unsafe fn widen_f16(out: &mut [f32], v: &[f16]) {
+        out.iter_mut().zip(v).for_each(|(o, y)| *o = y.to_f32())
+    }
+    pub unsafe fn scores(q: &[f32], k: &[f32], n: usize, scale: f32, out: &mut [f32]) {
+        let d = q.len();
+        for j in 0..n {
+            out[j] = dot_f32(q, &k[j * d..(j + 1) * d]) * scale;
+        }
+    }
+    pub unsafe fn weighted_sum(out: &mut [f32], w: &[f32], v: &[f32]) {
+        let d = out.len();
+        for (j, &wj) in w.iter().enumerate() {
+            axpy_f32(out, wj, &v[j * d..(j + 1) * d]);
+        }
     }
 }
 
@@ -277,6 +412,9 @@ fn attend_tile<'o, E: KvElem>(
         .clone()
         .flat_map(|r| tile.heads.clone().map(move |h| (r, h)))
         .collect();
+    if simd {
+        return attend_tile_simd(shape, tile, q, k_cache, v_cache, &queries, out_for);
+    }
     SCORES.with(|cell| {
         let mut scores = cell.borrow_mut();
         scores.clear();
@@ -286,12 +424,7 @@ fn attend_tile<'o, E: KvElem>(
             for (qi, &(row, head)) in queries.iter().enumerate() {
                 if p < num_keys(row) {
                     let qv = &q[row * q_dim + head * d..][..d];
-                    let dot = if simd {
-                        E::dot_avx2(qv, k)
-                    } else {
-                        dot_f32_kv(qv, k)
-                    };
-                    scores[qi * max_keys + p] = dot * scale;
+                    scores[qi * max_keys + p] = dot_f32_kv(qv, k) * scale;
                 }
             }
         }
@@ -308,16 +441,94 @@ fn attend_tile<'o, E: KvElem>(
             for (qi, &(row, _)) in queries.iter().enumerate() {
                 if p < num_keys(row) {
                     let w = scores[qi * max_keys + p];
-                    if simd {
-                        E::axpy_avx2(outs[qi], w, v);
-                    } else {
-                        for (o, &x) in outs[qi].iter_mut().zip(v) {
-                            *o += w * x.to_f32();
-                        }
+                    for (o, &x) in outs[qi].iter_mut().zip(v) {
+                        *o += w * x.to_f32();
                     }
                 }
             }
         }
+    });
+}
+
+/// Keys converted to f32 at once per tile: this many rows of K or V.
+const KEY_BLOCK: usize = 32;
+
+thread_local! {
+    static KV_BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The AVX2 path of `attend_tile`: the same per-query operations in the same order as
+/// `KvElem::dot_avx2` / `axpy_avx2` per key (so the same bits), but each block of
+/// `KEY_BLOCK` K and V rows is widened to f32 once for the whole tile, 8 keys' scores are
+/// reduced together, and each output row stays in registers across a block's keys.
+#[allow(clippy::too_many_arguments)]
+fn attend_tile_simd<'o, E: KvElem>(
+    shape: AttnShape,
+    tile: &Tile,
+    q: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
+    queries: &[(usize, usize)],
+    out_for: impl Fn(usize, usize) -> &'o mut [f32],
+) {
+    let d = shape.head_dim;
+    let q_dim = shape.num_heads * d;
+    let kv_dim = shape.num_kv_heads * d;
+    let kv_head = tile.heads.start / (shape.num_heads / shape.num_kv_heads);
+    let scale = 1.0 / (d as f32).sqrt();
+    let seq = tile.seq;
+    let first_pos = seq.context_len - seq.query_len;
+    let num_keys = |row: usize| first_pos + (row - seq.query_start) + 1;
+    let max_keys = num_keys(tile.rows.end - 1);
+    let key_row = |p: usize| {
+        let slot = seq.block_table[p / shape.block_size] as usize * shape.block_size
+            + p % shape.block_size;
+        slot * kv_dim + kv_head * d
+    };
+    // Widen keys p0..p1 of `cache` into `buf` (rows of d).
+    let widen = |cache: &[E], buf: &mut [f32], p0: usize, p1: usize| {
+        for p in p0..p1 {
+            E::widen_avx2(&mut buf[(p - p0) * d..][..d], &cache[key_row(p)..][..d]);
+        }
+    };
+    SCORES.with(|cell| {
+        KV_BLOCK.with(|kv_cell| {
+            let mut scores = cell.borrow_mut();
+            let mut buf = kv_cell.borrow_mut();
+            scores.clear();
+            scores.resize(queries.len() * max_keys, 0.0);
+            buf.resize(KEY_BLOCK * d, 0.0);
+            for p0 in (0..max_keys).step_by(KEY_BLOCK) {
+                let p1 = (p0 + KEY_BLOCK).min(max_keys);
+                widen(k_cache, &mut buf, p0, p1);
+                for (qi, &(row, head)) in queries.iter().enumerate() {
+                    let n = num_keys(row).min(p1).saturating_sub(p0);
+                    let qv = &q[row * q_dim + head * d..][..d];
+                    let dst = &mut scores[qi * max_keys + p0..][..n];
+                    // SAFETY: `simd` was checked by the caller; lengths are checked inside.
+                    unsafe { simd::scores(qv, &buf, n, scale, dst) };
+                }
+            }
+            for (qi, &(row, _)) in queries.iter().enumerate() {
+                let s = &mut scores[qi * max_keys..qi * max_keys + num_keys(row)];
+                crate::ops::softmax_inplace(s);
+            }
+            let mut outs: Vec<&mut [f32]> = queries
+                .iter()
+                .map(|&(row, head)| out_for(row, head))
+                .collect();
+            outs.iter_mut().for_each(|o| o.fill(0.0));
+            for p0 in (0..max_keys).step_by(KEY_BLOCK) {
+                let p1 = (p0 + KEY_BLOCK).min(max_keys);
+                widen(v_cache, &mut buf, p0, p1);
+                for (qi, &(row, _)) in queries.iter().enumerate() {
+                    let n = num_keys(row).min(p1).saturating_sub(p0);
+                    let w = &scores[qi * max_keys + p0..][..n];
+                    // SAFETY: as above.
+                    unsafe { simd::weighted_sum(outs[qi], w, &buf) };
+                }
+            }
+        })
     });
 }
 
