@@ -215,3 +215,49 @@ fn outputs_do_not_depend_on_batch_or_chunking() {
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
+
+#[test]
+fn blocked_simd_path_equals_per_key_simd_ops() {
+    // The AVX2 path reorganizes loops but keeps each query's operations: per key one
+    // `dot_avx2`, the softmax, then one `axpy_avx2` per key in order. Same bits expected.
+    if !vigil_kernels::cpu::features().avx2_fma_f16c {
+        return;
+    }
+    use vigil_kernels::attention::KvElem;
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    let pool = ThreadPool::new(2);
+    for (heads, kv_heads, d) in [(9, 3, 64), (4, 2, 128), (3, 3, 72)] {
+        let sh = shape(heads, kv_heads, d);
+        let (q_dim, kv_dim) = (heads * d, kv_heads * d);
+        let len = 77;
+        let (cache, seqs) = build(&mut rng, sh, &[len]);
+        let rows = 13;
+        let q = random_q(&mut rng, rows * q_dim);
+        let got = run(&pool, sh, &cache, &seqs, &[(0, len, &q)]);
+        let table = &seqs[0].table;
+        let row_of = |p: usize| (table[p / 16] as usize * 16 + p % 16) * kv_dim;
+        for r in 0..rows {
+            let pos = len - rows + r;
+            for h in 0..heads {
+                let off = (h / (heads / kv_heads)) * d;
+                let qv = &q[r * q_dim + h * d..][..d];
+                let mut s: Vec<f32> = (0..=pos)
+                    .map(|p| {
+                        f16::dot_avx2(qv, &cache.k[row_of(p) + off..][..d])
+                            * (1.0 / (d as f32).sqrt())
+                    })
+                    .collect();
+                vigil_kernels::ops::softmax_inplace(&mut s);
+                let mut o = vec![0f32; d];
+                for (p, &w) in s.iter().enumerate() {
+                    f16::axpy_avx2(&mut o, w, &cache.v[row_of(p) + off..][..d]);
+                }
+                assert_eq!(
+                    bits(&got[r * q_dim + h * d..][..d]),
+                    bits(&o),
+                    "heads {heads}/{kv_heads} d {d} row {r} head {h}"
+                );
+            }
+        }
+    }
+}
