@@ -141,23 +141,134 @@ mod simd {
         )
     }
 
+    /// `e^x` in 8 lanes (Cephes `expf`: 2^n by exponent bits times a degree-6 polynomial on
+    /// the remainder), within 2 ulp of the exact value over the softmax range (x <= 0).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn exp8(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(
+            _mm256_min_ps(x, _mm256_set1_ps(88.376_26)),
+            _mm256_set1_ps(-88.376_26),
+        );
+        let fx = _mm256_fmadd_ps(
+            x,
+            _mm256_set1_ps(std::f32::consts::LOG2_E),
+            _mm256_set1_ps(0.5),
+        );
+        let fx = _mm256_floor_ps(fx);
+        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+        }
+        let y = _mm256_fmadd_ps(
+            y,
+            _mm256_mul_ps(r, r),
+            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+        );
+        let n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
+        _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(n)))
+    }
+
+    /// Softmax in place: the max, then `exp8(x - max)` summed in 8 lanes (`hsum`), then
+    /// scaled by the sum's reciprocal. Depends only on `x`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn softmax(x: &mut [f32]) {
+        let n = x.len();
+        if n == 0 {
+            return;
+        }
+        let full = n / 8 * 8;
+        let p = x.as_mut_ptr();
+        let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+        for i in (0..full).step_by(8) {
+            mv = _mm256_max_ps(mv, _mm256_loadu_ps(p.add(i)));
+        }
+        let mut m = f32::NEG_INFINITY;
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
+        for &v in lanes.iter().chain(&x[full..]) {
+            m = m.max(v);
+        }
+        let mv = _mm256_set1_ps(m);
+        let mut sum = _mm256_setzero_ps();
+        for i in (0..full).step_by(8) {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mv));
+            _mm256_storeu_ps(p.add(i), e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        if full < n {
+            // The tail padded with the max; padding lanes are zeroed before the sum.
+            let mut t = [m; 8];
+            t[..n - full].copy_from_slice(&x[full..]);
+            let valid = _mm256_cmpgt_epi32(
+                _mm256_set1_epi32((n - full) as i32),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            );
+            let e = _mm256_and_ps(
+                exp8(_mm256_sub_ps(_mm256_loadu_ps(t.as_ptr()), mv)),
+                _mm256_castsi256_ps(valid),
+            );
+            _mm256_storeu_ps(t.as_mut_ptr(), e);
+            x[full..].copy_from_slice(&t[..n - full]);
+            sum = _mm256_add_ps(sum, e);
+        }
+        let inv = _mm256_set1_ps(1.0 / hsum(sum));
+        for i in (0..full).step_by(8) {
+            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
+        }
+        let inv = 1.0 / hsum(sum);
+        for v in &mut x[full..] {
+            *v *= inv;
+        }
+    }
+
     /// `out[j] = (q · k[j]) * scale` for `n` keys stored as f32 rows of `d` in `k`; each
     /// dot with `dot_f16`'s operations in its order.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scores(q: &[f32], k: &[f32], n: usize, scale: f32, out: &mut [f32]) {
         let d = q.len();
         assert!(d.is_multiple_of(8) && k.len() >= n * d && out.len() >= n);
-        let (q, k) = (q.as_ptr(), k.as_ptr());
+        // Common head sizes get constant row strides (immediate offsets, unrolled chunks).
+        match d {
+            64 => scores_d::<64>(q.as_ptr(), k.as_ptr(), n, d, scale, out),
+            128 => scores_d::<128>(q.as_ptr(), k.as_ptr(), n, d, scale, out),
+            _ => scores_d::<0>(q.as_ptr(), k.as_ptr(), n, d, scale, out),
+        }
+    }
+
+    /// `scores` with the head size `D` known at compile time (`D = 0`: use `d`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_d<const D: usize>(
+        q: *const f32,
+        k: *const f32,
+        n: usize,
+        d: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let d = if D == 0 { d } else { D };
         let sv = _mm256_set1_ps(scale);
         let full = n / 8 * 8;
         for j0 in (0..full).step_by(8) {
             let mut acc = [_mm256_setzero_ps(); 8];
-            for c in (0..d).step_by(8) {
+            let kj = k.add(j0 * d);
+            let mut c = 0;
+            while c < d {
                 let x = _mm256_loadu_ps(q.add(c));
+                let kc = kj.add(c);
                 for j in 0..8 {
-                    let y = _mm256_loadu_ps(k.add((j0 + j) * d + c));
-                    acc[j] = _mm256_fmadd_ps(x, y, acc[j]);
+                    acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(kc.add(j * d)), acc[j]);
                 }
+                c += 8;
             }
             _mm256_storeu_ps(out.as_mut_ptr().add(j0), _mm256_mul_ps(hsum8(&acc), sv));
         }
@@ -179,23 +290,30 @@ mod simd {
         assert!(d.is_multiple_of(8) && v.len() >= w.len() * d);
         let mut s = 0;
         while s + 64 <= d {
-            weighted_sum_slice::<8>(out.as_mut_ptr().add(s), w, v.as_ptr().add(s), d);
+            let (o, vs) = (out.as_mut_ptr().add(s), v.as_ptr().add(s));
+            match d {
+                64 => weighted_sum_slice::<8, 64>(o, w, vs, d),
+                128 => weighted_sum_slice::<8, 128>(o, w, vs, d),
+                _ => weighted_sum_slice::<8, 0>(o, w, vs, d),
+            }
             s += 64;
         }
         while s < d {
-            weighted_sum_slice::<1>(out.as_mut_ptr().add(s), w, v.as_ptr().add(s), d);
+            weighted_sum_slice::<1, 0>(out.as_mut_ptr().add(s), w, v.as_ptr().add(s), d);
             s += 8;
         }
     }
 
+    /// `C` 8-wide chunks of the output over rows of `D` (`D = 0`: of `d`).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weighted_sum_slice<const C: usize>(
+    unsafe fn weighted_sum_slice<const C: usize, const D: usize>(
         out: *mut f32,
         w: &[f32],
         v: *const f32,
         d: usize,
     ) {
+        let d = if D == 0 { d } else { D };
         let mut acc: [__m256; C] = std::array::from_fn(|c| _mm256_loadu_ps(out.add(8 * c)));
         for (j, &wj) in w.iter().enumerate() {
             let wv = _mm256_set1_ps(wj);
@@ -258,6 +376,9 @@ mod simd {
     }
     pub unsafe fn widen_f16(out: &mut [f32], v: &[f16]) {
         out.iter_mut().zip(v).for_each(|(o, y)| *o = y.to_f32())
+    }
+    pub unsafe fn softmax(x: &mut [f32]) {
+        crate::ops::softmax_inplace(x)
     }
     pub unsafe fn scores(q: &[f32], k: &[f32], n: usize, scale: f32, out: &mut [f32]) {
         let d = q.len();
@@ -450,6 +571,18 @@ fn attend_tile<'o, E: KvElem>(
     });
 }
 
+/// The softmax of the attention path this CPU takes: the AVX2 one (vector `exp`, 8-lane
+/// sum) when available, else `ops::softmax_inplace`. Public so tests can rebuild a query's
+/// output from the per-key operations.
+pub fn softmax_dispatched(x: &mut [f32]) {
+    if crate::cpu::features().avx2_fma_f16c {
+        // SAFETY: the features were just checked.
+        unsafe { simd::softmax(x) }
+    } else {
+        crate::ops::softmax_inplace(x)
+    }
+}
+
 /// Keys converted to f32 at once per tile: this many rows of K or V.
 const KEY_BLOCK: usize = 32;
 
@@ -458,7 +591,8 @@ thread_local! {
 }
 
 /// The AVX2 path of `attend_tile`: the same per-query operations in the same order as
-/// `KvElem::dot_avx2` / `axpy_avx2` per key (so the same bits), but each block of
+/// `KvElem::dot_avx2` / `axpy_avx2` per key (so the same bits) around the vectorized
+/// softmax (`softmax_dispatched`), but each block of
 /// `KEY_BLOCK` K and V rows is widened to f32 once for the whole tile, 8 keys' scores are
 /// reduced together, and each output row stays in registers across a block's keys.
 #[allow(clippy::too_many_arguments)]
@@ -511,7 +645,8 @@ fn attend_tile_simd<'o, E: KvElem>(
             }
             for (qi, &(row, _)) in queries.iter().enumerate() {
                 let s = &mut scores[qi * max_keys..qi * max_keys + num_keys(row)];
-                crate::ops::softmax_inplace(s);
+                // SAFETY: as above.
+                unsafe { simd::softmax(s) };
             }
             let mut outs: Vec<&mut [f32]> = queries
                 .iter()

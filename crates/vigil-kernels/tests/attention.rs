@@ -219,7 +219,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[test]
 fn blocked_simd_path_equals_per_key_simd_ops() {
     // The AVX2 path reorganizes loops but keeps each query's operations: per key one
-    // `dot_avx2`, the softmax, then one `axpy_avx2` per key in order. Same bits expected.
+    // `dot_avx2`, the (vectorized) softmax, then one `axpy_avx2` per key in order. Same bits.
     if !vigil_kernels::cpu::features().avx2_fma_f16c {
         return;
     }
@@ -247,7 +247,7 @@ fn blocked_simd_path_equals_per_key_simd_ops() {
                             * (1.0 / (d as f32).sqrt())
                     })
                     .collect();
-                vigil_kernels::ops::softmax_inplace(&mut s);
+                vigil_kernels::attention::softmax_dispatched(&mut s);
                 let mut o = vec![0f32; d];
                 for (p, &w) in s.iter().enumerate() {
                     f16::axpy_avx2(&mut o, w, &cache.v[row_of(p) + off..][..d]);
@@ -256,6 +256,35 @@ fn blocked_simd_path_equals_per_key_simd_ops() {
                     bits(&got[r * q_dim + h * d..][..d]),
                     bits(&o),
                     "heads {heads}/{kv_heads} d {d} row {r} head {h}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn dispatched_softmax_matches_f64_softmax() {
+    // Lengths around the 8-lane groups; scores spread wide enough to underflow some terms.
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    for n in (1..40).chain([255, 256, 257]) {
+        for spread in [1.0f32, 30.0, 200.0] {
+            let x: Vec<f32> = (0..n).map(|_| rng.random_range(-spread..spread)).collect();
+            let mut got = x.clone();
+            vigil_kernels::attention::softmax_dispatched(&mut got);
+            let max = x
+                .iter()
+                .copied()
+                .fold(f64::NEG_INFINITY, |a, b| a.max(b as f64));
+            let e: Vec<f64> = x.iter().map(|&v| (v as f64 - max).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for (k, (&g, &w)) in got.iter().zip(&e).enumerate() {
+                let want = w / z;
+                // A few ulp of relative error for the weights that matter; terms below 1e-12
+                // of the total (large score gaps, where the range reduction loses bits) get
+                // absolute slack.
+                assert!(
+                    (g as f64 - want).abs() <= 1e-6 * want + 1e-12,
+                    "n {n} spread {spread} [{k}]: {g} vs {want}"
                 );
             }
         }
