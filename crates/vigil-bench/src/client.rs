@@ -47,9 +47,31 @@ pub struct Streamed {
     pub text_chunks: u32,
     /// Generated text (content only for chat; reasoning is not re-sent in a conversation).
     pub text: String,
+    /// Tool-call arguments the reply streamed (chat with tools), concatenated.
+    pub tool_text: String,
     pub usage: Option<Usage>,
     pub finish_reason: Option<String>,
     pub error: Option<String>,
+}
+
+impl Streamed {
+    /// A request that failed before it was sent.
+    pub fn failed(error: String) -> Streamed {
+        let now = Instant::now();
+        Streamed {
+            start: now,
+            first_text: None,
+            first_choice: None,
+            last_text: None,
+            end: now,
+            text_chunks: 0,
+            text: String::new(),
+            tool_text: String::new(),
+            usage: None,
+            finish_reason: None,
+            error: Some(error),
+        }
+    }
 }
 
 impl Client {
@@ -119,20 +141,19 @@ impl Client {
     /// Sends a streamed request; never fails as a call: what went wrong is in `error`, so a
     /// failed request is a counted sample, not an aborted run.
     pub async fn stream(&self, path: &str, body: &Value) -> Streamed {
-        let start = Instant::now();
-        let mut out = Streamed {
-            start,
-            first_text: None,
-            first_choice: None,
-            last_text: None,
-            end: start,
-            text_chunks: 0,
-            text: String::new(),
-            usage: None,
-            finish_reason: None,
-            error: None,
-        };
-        if let Err(e) = self.stream_into(path, body, &mut out).await {
+        self.stream_with(path, body, &[]).await
+    }
+
+    /// [`Client::stream`] with extra request headers (e.g. `x-layerscale-session-id`).
+    pub async fn stream_with(
+        &self,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> Streamed {
+        let mut out = Streamed::failed(String::new());
+        out.error = None;
+        if let Err(e) = self.stream_into(path, body, headers, &mut out).await {
             out.error = Some(e);
         }
         out.end = Instant::now();
@@ -143,16 +164,15 @@ impl Client {
         &self,
         path: &str,
         body: &Value,
+        headers: &[(&str, &str)],
         out: &mut Streamed,
     ) -> Result<(), String> {
         let url = format!("{}{path}", self.base);
-        let resp = self
-            .http
-            .post(&url)
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| format!("{e}"))?;
+        let mut req = self.http.post(&url).json(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await.map_err(|e| format!("{e}"))?;
         let status = resp.status();
         if !status.is_success() {
             let text = resp.text().await.unwrap_or_default();
@@ -206,7 +226,18 @@ fn on_line(line: &[u8], now: Instant, out: &mut Streamed) -> Result<bool, String
         let content = nonempty(choice.get("text")).or(nonempty(choice.pointer("/delta/content")));
         let reasoning = nonempty(choice.pointer("/delta/reasoning"))
             .or(nonempty(choice.pointer("/delta/reasoning_content")));
-        if content.is_some() || reasoning.is_some() {
+        // A tool call streams as argument fragments instead of content.
+        let call = (choice
+            .pointer("/delta/tool_calls")
+            .and_then(Value::as_array))
+        .into_iter()
+        .flatten()
+        .filter_map(|c| nonempty(c.pointer("/function/arguments")))
+        .collect::<String>();
+        if !call.is_empty() {
+            out.tool_text.push_str(&call);
+        }
+        if content.is_some() || reasoning.is_some() || !call.is_empty() {
             out.first_text.get_or_insert(now);
             out.last_text = Some(now);
             out.text_chunks += 1;
@@ -267,18 +298,9 @@ mod tests {
     use super::*;
 
     fn empty() -> Streamed {
-        let now = Instant::now();
         Streamed {
-            start: now,
-            first_text: None,
-            first_choice: None,
-            last_text: None,
-            end: now,
-            text_chunks: 0,
-            text: String::new(),
-            usage: None,
-            finish_reason: None,
             error: None,
+            ..Streamed::failed(String::new())
         }
     }
 
@@ -305,6 +327,24 @@ mod tests {
             (u.prompt_tokens, u.completion_tokens, u.cached_tokens),
             (Some(12), Some(2), Some(8))
         );
+    }
+
+    #[test]
+    fn tool_call_fragments_count_as_generated_text() {
+        let mut s = empty();
+        let t = Instant::now();
+        let lines = [
+            r#"data: {"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"search","arguments":""}}]}}]}"#,
+            r#"data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"q\": "}}]}}]}"#,
+            r#"data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"x\"}"}}]},"finish_reason":"tool_calls"}]}"#,
+        ];
+        for l in lines {
+            assert!(!on_line(l.as_bytes(), t, &mut s).unwrap());
+        }
+        assert_eq!(s.tool_text, r#"{"q": "x"}"#);
+        assert_eq!(s.text, "");
+        assert_eq!(s.text_chunks, 2);
+        assert_eq!(s.first_text, Some(t));
     }
 
     #[test]

@@ -1,14 +1,15 @@
 //! Measuring one point: warm-up then measured requests (closed loop at the point's
 //! concurrency) or agent loops, turned into samples and percentile summaries.
 
+use crate::agent::{agent_loops, LoopShape};
 use crate::calibrate::Composer;
 use crate::client::{Client, Streamed};
 use crate::result::{Point, Sample};
-use crate::run::{chat_body, completion_body};
+use crate::run::completion_body;
 use crate::stats::Summary;
 use crate::workload::{PlannedPoint, Settings, Shape};
 use crate::BenchError;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::{BTreeMap, VecDeque};
 use std::io::IsTerminal;
 use std::sync::Mutex;
@@ -39,13 +40,13 @@ impl Progress {
         }
     }
 
-    fn phase(&self, phase: &str, total: u32) {
+    pub fn phase(&self, phase: &str, total: u32) {
         if !self.tty {
             eprintln!("{}: {phase} ({total} requests)", self.label);
         }
     }
 
-    fn tick(&self, phase: &str, done: u32, total: u32, t0: Instant) {
+    pub fn tick(&self, phase: &str, done: u32, total: u32, t0: Instant) {
         if self.tty && done > 0 {
             let eta = t0.elapsed().as_secs_f64() / f64::from(done) * f64::from(total - done);
             eprint!(
@@ -116,6 +117,8 @@ pub async fn run_point(
             prefix_tokens,
             turns,
             turn_tokens,
+            tools,
+            held,
         } => {
             let chat_base = ctx.chat_base.ok_or_else(|| {
                 BenchError::Calibration("agent loop without chat calibration".into())
@@ -125,8 +128,13 @@ pub async fn run_point(
                 prefixes.push(composer.compose(prefix_tokens, chat_base)?.text);
             }
             let measured = prefixes.split_off(ctx.settings.warmup as usize);
-            let loops =
-                |prefixes, warmup| agent_loops(ctx, prefixes, turns, turn_tokens, warmup, progress);
+            let shape = LoopShape {
+                turns,
+                turn_tokens,
+                tools,
+                held,
+            };
+            let loops = |prefixes, warmup| agent_loops(ctx, prefixes, shape, warmup, progress);
             let (mut samples, _) = loops(prefixes, true).await;
             let (m, wall) = loops(measured, false).await;
             samples.extend(m);
@@ -187,40 +195,6 @@ async fn closed_loop(
     futures_util::future::join_all(workers).await;
     let wall = t0.elapsed().as_secs_f64();
     (samples.into_inner().unwrap_or_default(), wall)
-}
-
-/// One conversation per prefix: `turns` chat requests, each re-sending the whole conversation
-/// with the model's replies and a short user message appended. A failed turn ends its loop.
-async fn agent_loops(
-    ctx: &Ctx<'_>,
-    prefixes: Vec<String>,
-    turns: u32,
-    turn_tokens: u32,
-    warmup: bool,
-    progress: &Progress,
-) -> (Vec<Sample>, f64) {
-    let phase = if warmup { "warm-up" } else { "measured" };
-    let total = prefixes.len() as u32 * turns;
-    progress.phase(phase, total);
-    let t0 = Instant::now();
-    let mut samples = Vec::new();
-    for (i, prefix) in prefixes.into_iter().enumerate() {
-        let mut messages = vec![json!({"role": "user", "content": prefix})];
-        for turn in 1..=turns {
-            let body = chat_body(ctx.model, &messages, turn_tokens, true);
-            let s = ctx.client.stream("/v1/chat/completions", &body).await;
-            let sample = to_sample(&s, t0, i as u32, Some(turn), turn_tokens, warmup);
-            let failed = sample.error.is_some();
-            samples.push(sample);
-            progress.tick(phase, samples.len() as u32, total, t0);
-            if failed {
-                break;
-            }
-            messages.push(json!({"role": "assistant", "content": s.text}));
-            messages.push(json!({"role": "user", "content": format!("Turn {}: go on.", turn + 1)}));
-        }
-    }
-    (samples, t0.elapsed().as_secs_f64())
 }
 
 fn ms(from: Instant, to: Instant) -> f64 {
@@ -405,6 +379,7 @@ mod tests {
             end: last + Duration::from_millis(1),
             text_chunks: tokens,
             text: "x".repeat(tokens as usize),
+            tool_text: String::new(),
             usage: Some(Usage {
                 prompt_tokens: Some(100),
                 completion_tokens: Some(tokens),

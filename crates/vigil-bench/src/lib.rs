@@ -2,6 +2,7 @@
 //! fixed workloads (a live stream queried through sessions among them), writes one JSON result file per run with every raw sample, and turns result
 //! files into a Markdown and HTML report. The `vigil` binary is the command line over this crate.
 
+mod agent;
 pub mod calibrate;
 pub mod client;
 mod error;

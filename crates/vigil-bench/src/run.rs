@@ -151,6 +151,11 @@ async fn measure_points(
     let longest = points.iter().map(longest_prompt).max().unwrap_or(0);
     let (mut composer, calibration) =
         calibrate(client, model, opts.workload, longest, opts.settings.seed).await?;
+    // Loops held in a session run only where the target serves sessions.
+    let sessions = serves_sessions(client).await;
+    let points: Vec<&PlannedPoint> = (points.iter())
+        .filter(|p| sessions || !p.needs_sessions())
+        .collect();
     let mut measured = Vec::new();
     for (i, point) in points.iter().enumerate() {
         let progress = Progress::new(format!(
@@ -170,6 +175,11 @@ async fn measure_points(
         measured.push(exec::run_point(&ctx, &mut composer, point, &progress).await?);
     }
     Ok((calibration, measured))
+}
+
+/// Whether the target answers `GET /v1/sessions` (Vigil, LayerScale).
+async fn serves_sessions(client: &Client) -> bool {
+    client.get_json("/v1/sessions").await.is_ok()
 }
 
 fn longest_prompt(p: &PlannedPoint) -> u32 {
@@ -262,14 +272,18 @@ async fn count_completion(client: &Client, model: &str, prompt: &str) -> Result<
     .await
 }
 
-async fn count_chat(client: &Client, model: &str, content: &str) -> Result<u32, BenchError> {
+async fn count_chat(
+    client: &Client,
+    model: &str,
+    content: &str,
+    tools: bool,
+) -> Result<u32, BenchError> {
     let messages = [json!({"role": "user", "content": content})];
-    count(
-        client,
-        "/v1/chat/completions",
-        &chat_body(model, &messages, 1, false),
-    )
-    .await
+    let mut body = chat_body(model, &messages, 1, false);
+    if tools {
+        body["tools"] = crate::agent::tool_definitions();
+    }
+    count(client, "/v1/chat/completions", &body).await
 }
 
 /// Prices the pool on the target (four probes in flight), then checks one composed prompt of
@@ -296,8 +310,11 @@ async fn calibrate(
         .iter()
         .fold((u32::MAX, 0), |(lo, hi), (_, c)| (lo.min(*c), hi.max(*c)));
     let mut composer = Composer::new(priced, seed)?;
+    let tools = workload == Workload::ToolLoop;
     let chat_base = match workload {
-        Workload::AgentLoop => Some(count_chat(client, model, HEADER).await?),
+        Workload::AgentLoop | Workload::ToolLoop => {
+            Some(count_chat(client, model, HEADER, tools).await?)
+        }
         _ => None,
     };
     // The check prompt is composed like a timed one but never timed: its opening is spent.
@@ -308,7 +325,7 @@ async fn calibrate(
                 endpoint: "/v1/chat/completions".into(),
                 target: longest,
                 predicted: p.predicted,
-                counted: count_chat(client, model, &p.text).await?,
+                counted: count_chat(client, model, &p.text, tools).await?,
             }
         }
         None => {

@@ -17,17 +17,20 @@ pub enum Workload {
     Prefill,
     /// T turns on a P-token prefix, the conversation re-sent each turn.
     AgentLoop,
+    /// The agent loop with tool definitions attached and a larger budget per turn.
+    ToolLoop,
     /// A stream of entries pushed at a fixed cadence, queried as it grows: Flash Query and cold
     /// query on a session (where the target serves sessions), stateless replay everywhere.
     LiveStream,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 5] = [
+    pub const ALL: [Workload; 6] = [
         Workload::Single,
         Workload::Concurrent,
         Workload::Prefill,
         Workload::AgentLoop,
+        Workload::ToolLoop,
         Workload::LiveStream,
     ];
 
@@ -37,6 +40,7 @@ impl Workload {
             Workload::Concurrent => "concurrent",
             Workload::Prefill => "prefill",
             Workload::AgentLoop => "agent-loop",
+            Workload::ToolLoop => "tool-loop",
             Workload::LiveStream => "live-stream",
         }
     }
@@ -44,7 +48,9 @@ impl Workload {
     /// The endpoint the workload's requests go to.
     pub fn endpoint(self) -> &'static str {
         match self {
-            Workload::AgentLoop | Workload::LiveStream => "/v1/chat/completions",
+            Workload::AgentLoop | Workload::ToolLoop | Workload::LiveStream => {
+                "/v1/chat/completions"
+            }
             _ => "/v1/completions",
         }
     }
@@ -64,7 +70,7 @@ impl FromStr for Workload {
             .find(|w| w.name() == s)
             .ok_or_else(|| {
                 BenchError::Setting(format!(
-                    "unknown workload `{s}` (one of single, concurrent, prefill, agent-loop, live-stream)"
+                    "unknown workload `{s}` (one of single, concurrent, prefill, agent-loop, tool-loop, live-stream)"
                 ))
             })
     }
@@ -94,6 +100,11 @@ pub struct Settings {
     pub prefix_tokens: Vec<u32>,
     pub turns: Vec<u32>,
     pub turn_tokens: u32,
+    /// tool-loop: tokens generated per turn (prefixes and turns as agent-loop).
+    pub tool_turn_tokens: u32,
+    /// agent-loop and tool-loop: also run each loop held in a session on targets that serve
+    /// sessions (`x-layerscale-session-id`), beside the stateless re-send.
+    pub session_loops: bool,
     /// live-stream: tokens per entry (about; each is counted by the target's tokenizer), the
     /// push period, the session window, and the answer length of every query.
     pub entry_tokens: u32,
@@ -128,6 +139,8 @@ impl Default for Settings {
             prefix_tokens: vec![2048],
             turns: vec![5],
             turn_tokens: 48,
+            tool_turn_tokens: 160,
+            session_loops: true,
             entry_tokens: 64,
             period_ms: 1000,
             window_tokens: 1024,
@@ -151,11 +164,14 @@ pub enum Shape {
         max_tokens: u32,
         concurrency: u32,
     },
-    /// A conversation of `turns` turns on a `prefix_tokens` first message.
+    /// A conversation of `turns` turns on a `prefix_tokens` first request (tool definitions
+    /// included when `tools`), re-sent each turn; `held` binds it to a session.
     AgentLoop {
         prefix_tokens: u32,
         turns: u32,
         turn_tokens: u32,
+        tools: bool,
+        held: bool,
     },
     /// One way of asking a question of a live stream.
     LiveStream { mode: LiveMode, stream: StreamShape },
@@ -221,10 +237,14 @@ impl PlannedPoint {
                 prefix_tokens,
                 turns,
                 turn_tokens,
+                tools,
+                held,
             } => vec![
                 ("prefix_tokens", prefix_tokens),
                 ("turns", turns),
                 ("turn_tokens", turn_tokens),
+                ("tools", u32::from(tools)),
+                ("session", u32::from(held)),
             ],
             Shape::LiveStream { stream: s, .. } => vec![
                 ("entry_tokens", s.entry_tokens),
@@ -253,10 +273,20 @@ impl PlannedPoint {
                 prefix_tokens,
                 turns,
                 turn_tokens,
+                ..
             } => prefix_tokens + turns * (turn_tokens + 16),
             Shape::LiveStream { stream: s, .. } => {
                 s.window_tokens + s.answer_tokens + LIVE_QUERY_ROOM
             }
+        }
+    }
+
+    /// Whether the point runs only on targets that serve sessions.
+    pub fn needs_sessions(&self) -> bool {
+        match self.shape {
+            Shape::AgentLoop { held, .. } => held,
+            Shape::LiveStream { mode, .. } => mode.needs_sessions(),
+            Shape::Requests { .. } => false,
         }
     }
 
@@ -345,21 +375,36 @@ pub fn plan(workload: Workload, s: &Settings) -> Result<Vec<PlannedPoint>, Bench
                 })
                 .collect()
         }
-        Workload::AgentLoop => {
+        Workload::AgentLoop | Workload::ToolLoop => {
+            let tools = workload == Workload::ToolLoop;
+            let turn_tokens = if tools {
+                s.tool_turn_tokens
+            } else {
+                s.turn_tokens
+            };
             nonzero("prefix tokens", &s.prefix_tokens)?;
             nonzero("turns", &s.turns)?;
-            nonzero("turn tokens", &[s.turn_tokens])?;
+            nonzero("turn tokens", &[turn_tokens])?;
+            let held = if s.session_loops {
+                &[false, true][..]
+            } else {
+                &[false][..]
+            };
             let mut v = Vec::new();
             for &p in &s.prefix_tokens {
                 for &t in &s.turns {
-                    v.push(PlannedPoint {
-                        label: format!("P={p} T={t}"),
-                        shape: Shape::AgentLoop {
-                            prefix_tokens: p,
-                            turns: t,
-                            turn_tokens: s.turn_tokens,
-                        },
-                    });
+                    for &held in held {
+                        v.push(PlannedPoint {
+                            label: format!("P={p} T={t}{}", if held { " session" } else { "" }),
+                            shape: Shape::AgentLoop {
+                                prefix_tokens: p,
+                                turns: t,
+                                turn_tokens,
+                                tools,
+                                held,
+                            },
+                        });
+                    }
                 }
             }
             v
@@ -422,6 +467,19 @@ mod tests {
         let agent = plan(Workload::AgentLoop, &s).unwrap();
         assert_eq!(agent[0].params()["turns"], 5);
         assert_eq!(agent[0].context_need(), 2048 + 5 * 64);
+        assert_eq!(
+            agent.iter().map(|p| p.label.as_str()).collect::<Vec<_>>(),
+            ["P=2048 T=5", "P=2048 T=5 session"]
+        );
+        assert_eq!(agent[1].params()["session"], 1);
+        let tools = plan(Workload::ToolLoop, &s).unwrap();
+        assert_eq!(tools[0].params()["turn_tokens"], 160);
+        assert_eq!(tools[0].params()["tools"], 1);
+        let stateless = Settings {
+            session_loops: false,
+            ..Settings::default()
+        };
+        assert_eq!(plan(Workload::ToolLoop, &stateless).unwrap().len(), 1);
         let bad = Settings {
             concurrency: vec![0],
             ..Settings::default()

@@ -24,7 +24,7 @@ struct RunArgs {
     /// A server to measure, as NAME=URL (repeatable), e.g. vigil=http://127.0.0.1:8080.
     #[arg(long = "target", required = true)]
     targets: Vec<String>,
-    /// single, concurrent, prefill, agent-loop or live-stream.
+    /// single, concurrent, prefill, agent-loop, tool-loop or live-stream.
     #[arg(long)]
     workload: String,
     /// Directory for the result file.
@@ -67,15 +67,22 @@ struct RunArgs {
     /// prefill: prompt lengths [default: 1024,4096].
     #[arg(long, value_delimiter = ',')]
     prefill_prompt_tokens: Option<Vec<u32>>,
-    /// agent-loop: prefix lengths [default: 2048].
+    /// agent-loop and tool-loop: prefix lengths [default: 2048].
     #[arg(long, value_delimiter = ',')]
     prefix_tokens: Option<Vec<u32>>,
-    /// agent-loop: turns per loop [default: 5].
+    /// agent-loop and tool-loop: turns per loop [default: 5].
     #[arg(long, value_delimiter = ',')]
     turns: Option<Vec<u32>>,
     /// agent-loop: tokens generated per turn [default: 48].
     #[arg(long)]
     turn_tokens: Option<u32>,
+    /// tool-loop: tokens generated per turn [default: 160].
+    #[arg(long)]
+    tool_turn_tokens: Option<u32>,
+    /// agent-loop and tool-loop: skip the loops held in a session (run by default on targets
+    /// that serve sessions, beside the stateless re-send).
+    #[arg(long)]
+    no_session_loops: bool,
     /// live-stream: tokens per entry, about (counted by each target's tokenizer) [default: 64].
     #[arg(long)]
     entry_tokens: Option<u32>,
@@ -141,6 +148,8 @@ fn run_workload(a: RunArgs) -> Result<()> {
         prefix_tokens: a.prefix_tokens.unwrap_or(d.prefix_tokens),
         turns: a.turns.unwrap_or(d.turns),
         turn_tokens: a.turn_tokens.unwrap_or(d.turn_tokens),
+        tool_turn_tokens: a.tool_turn_tokens.unwrap_or(d.tool_turn_tokens),
+        session_loops: !a.no_session_loops,
         entry_tokens: a.entry_tokens.unwrap_or(d.entry_tokens),
         period_ms: a.period_ms.unwrap_or(d.period_ms),
         window_tokens: a.window_tokens.unwrap_or(d.window_tokens),

@@ -97,6 +97,30 @@ fn num(v: &Value, what: &str) -> f64 {
         .unwrap_or_else(|| panic!("{what} is not a number (NaN is written as null): {v}"))
 }
 
+/// A loop's samples, in send order: the first prompt is the calibrated prefix, the conversation
+/// grows each turn, and later turns reuse the earlier ones: through the prefix cache (whole
+/// blocks), or the held session (all of the last prompt and more: its reply is kept too).
+fn check_growing_conversation(point: &Value, prefix: f64) {
+    let held = param(point, "session") == 1.0;
+    let mut last_prompt = 0.0;
+    for s in point["samples"].as_array().into_iter().flatten() {
+        let prompt = num(&s["prompt_tokens"], "prompt");
+        if num(&s["turn"], "turn") > 1.0 {
+            assert!(prompt > last_prompt, "{s}");
+            let cached = num(&s["cached_tokens"], "cached");
+            let reused = if held {
+                last_prompt
+            } else {
+                last_prompt - 16.0
+            };
+            assert!(cached >= reused, "{s}");
+        } else {
+            assert!((prompt - prefix).abs() <= 0.02 * prefix + 1.0, "{s}");
+        }
+        last_prompt = prompt;
+    }
+}
+
 /// Checks what every result file must hold; returns the target's points.
 fn check_file(file: &Value, workload: &str, labels: &[&str]) -> Vec<Value> {
     assert_eq!(file["schema"], "vigil-bench/1");
@@ -354,21 +378,47 @@ fn bench_every_workload_then_report() {
         "agent-loop",
         &["--prefix-tokens=64", "--turns=1,3", "--turn-tokens=12"],
     );
-    let points = check_file(&agent, "agent-loop", &["P=64 T=1", "P=64 T=3"]);
-    let three = &points[1];
-    assert_eq!(num(&three["measured_requests"], "measured"), 6.0);
-    assert_eq!(num(&three["metrics"]["loop_ms"]["n"], "loops"), 2.0);
-    // Samples are in send order: the conversation is re-sent each turn, so it grows, and its
-    // prefix is served from the cache.
-    let mut last_prompt = 0.0;
-    for s in three["samples"].as_array().into_iter().flatten() {
-        let prompt = num(&s["prompt_tokens"], "prompt");
-        if num(&s["turn"], "turn") > 1.0 {
-            assert!(prompt > last_prompt, "{s}");
-            assert!(num(&s["cached_tokens"], "cached") > 0.0, "{s}");
-        }
-        last_prompt = prompt;
+    let points = check_file(
+        &agent,
+        "agent-loop",
+        &[
+            "P=64 T=1",
+            "P=64 T=1 session",
+            "P=64 T=3",
+            "P=64 T=3 session",
+        ],
+    );
+    for three in &points[2..] {
+        assert_eq!(num(&three["measured_requests"], "measured"), 6.0);
+        assert_eq!(num(&three["metrics"]["loop_ms"]["n"], "loops"), 2.0);
+        check_growing_conversation(three, 64.0);
     }
+    assert_eq!(param(&points[3], "session"), 1.0);
+    assert_eq!(param(&points[2], "session"), 0.0);
+
+    let tools = bench(
+        &server,
+        &url,
+        &results,
+        "tool-loop",
+        &["--prefix-tokens=1280", "--turns=2", "--tool-turn-tokens=12"],
+    );
+    let points = check_file(&tools, "tool-loop", &["P=1280 T=2", "P=1280 T=2 session"]);
+    for p in &points {
+        assert_eq!(param(p, "tools"), 1.0);
+        assert_eq!(param(p, "turn_tokens"), 12.0);
+        check_growing_conversation(p, 1280.0);
+    }
+    // The tool definitions are inside the calibrated first prompt.
+    let base = num(
+        &tools["targets"][0]["calibration"]["chat_base_tokens"],
+        "chat base",
+    );
+    let agent_base = num(
+        &agent["targets"][0]["calibration"]["chat_base_tokens"],
+        "chat base",
+    );
+    assert!(base > agent_base + 100.0, "{base} vs {agent_base}");
 
     let live = bench(
         &server,
@@ -390,7 +440,7 @@ fn bench_every_workload_then_report() {
         .expect("results dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
-    assert_eq!(files.len(), 5);
+    assert_eq!(files.len(), 6);
     let report = dir.join("report");
     let out = Command::new(VIGIL)
         .args(["bench", "report"])
@@ -405,12 +455,13 @@ fn bench_every_workload_then_report() {
         String::from_utf8_lossy(&out.stderr)
     );
     let md = std::fs::read_to_string(report.join("report.md")).expect("report.md");
-    assert_eq!(md.matches("\n| point | metric |").count(), 5, "{md}");
+    assert_eq!(md.matches("\n| point | metric |").count(), 6, "{md}");
     for w in [
         "single",
         "concurrent",
         "prefill",
         "agent-loop",
+        "tool-loop",
         "live-stream",
     ] {
         assert_eq!(md.matches(&format!("\n## {w}\n")).count(), 1, "{w}");
@@ -429,8 +480,9 @@ fn bench_every_workload_then_report() {
     );
     assert!(md.contains("flash 2, cold 2, replay 3."), "{md}");
     let html = std::fs::read_to_string(report.join("report.html")).expect("report.html");
-    // Charts: 4 metrics (single) + 5 (concurrent) + 2 (prefill) + 4 (agent loop) + 5 (live).
-    assert_eq!(check_balanced(&html), 20);
+    // Charts: 4 metrics (single) + 5 (concurrent) + 2 (prefill) + 4 (agent loop) + 4 (tool
+    // loop) + 5 (live).
+    assert_eq!(check_balanced(&html), 24);
     assert!(html.matches("<rect").count() >= 20);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);

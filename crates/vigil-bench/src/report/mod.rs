@@ -76,7 +76,7 @@ pub fn metrics_of(workload: Workload) -> Vec<MetricSpec> {
             spec("prompt_tok_s", "prompt tok/s", "tok/s", true, false),
             TTFT,
         ],
-        Workload::AgentLoop => vec![
+        Workload::AgentLoop | Workload::ToolLoop => vec![
             spec("loop_ms", "whole loop", "ms", false, false),
             spec("ttft_first_turn_ms", "TTFT, first turn", "ms", false, false),
             spec(
