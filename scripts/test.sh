@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The project's test command: fetch the real model, tokenizers and the Python clients, then lint,
-# run every Rust test, and drive a real `vigil serve` with the openai and layerscale clients.
+# The project's test command: fetch the real model, tokenizers, the Python clients and headless
+# Chromium, then lint, run every Rust test, and drive a real `vigil serve` with the openai and
+# layerscale clients (and open the benchmark report in Chromium).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/fetch_test_assets.sh)"
 eval "$(scripts/setup_python.sh)"
+eval "$(scripts/setup_chromium.sh)"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --lib --bins --tests 2>&1 | tee .cache/test.log
