@@ -82,52 +82,66 @@ pub async fn agent_loops(
     let t0 = Instant::now();
     let mut samples = Vec::new();
     for (i, prefix) in prefixes.into_iter().enumerate() {
-        let session = if shape.held {
-            match ctx.client.post_json("/v1/sessions", &json!({})).await {
-                Ok(v) => v.get("id").and_then(Value::as_str).map(str::to_string),
-                Err(e) => {
-                    let failed = Streamed::failed(format!("creating the loop's session: {e}"));
-                    samples.push(to_sample(&failed, t0, i as u32, Some(1), 0, warmup));
-                    continue;
-                }
-            }
-        } else {
-            None
-        };
-        let headers: Vec<(&str, &str)> = session
-            .as_deref()
-            .map(|id| (SESSION_HEADER, id))
-            .into_iter()
-            .collect();
-        let mut messages = vec![json!({"role": "user", "content": prefix})];
-        for turn in 1..=shape.turns {
-            let body = loop_body(ctx.model, &messages, shape.turn_tokens, shape.tools);
-            let s = (ctx.client)
-                .stream_with("/v1/chat/completions", &body, &headers)
-                .await;
-            let sample = to_sample(&s, t0, i as u32, Some(turn), shape.turn_tokens, warmup);
-            let failed = sample.error.is_some();
-            samples.push(sample);
-            progress.tick(phase, samples.len() as u32, total, t0);
-            if failed {
-                break;
-            }
-            // A reply that called a tool is re-sent as text with a made-up result, so every
-            // engine sees the same kind of conversation whatever the model chose to emit.
-            let (reply, next) = if s.text.is_empty() && !s.tool_text.is_empty() {
-                (
-                    s.tool_text.clone(),
-                    format!("Tool result: ok. Turn {}: go on.", turn + 1),
-                )
-            } else {
-                (s.text.clone(), format!("Turn {}: go on.", turn + 1))
-            };
-            messages.push(json!({"role": "assistant", "content": reply}));
-            messages.push(json!({"role": "user", "content": next}));
-        }
-        if let Some(id) = &session {
-            let _ = ctx.client.delete_json(&format!("/v1/sessions/{id}")).await;
-        }
+        samples.extend(one_loop(ctx, i as u32, prefix, shape, t0, warmup).await);
+        progress.tick(phase, samples.len() as u32, total, t0);
     }
     (samples, t0.elapsed().as_secs_f64())
+}
+
+/// One conversation on `prefix`: its turns' samples, ending early at a failed turn.
+pub async fn one_loop(
+    ctx: &Ctx<'_>,
+    iteration: u32,
+    prefix: String,
+    shape: LoopShape,
+    t0: Instant,
+    warmup: bool,
+) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    let session = if shape.held {
+        match ctx.client.post_json("/v1/sessions", &json!({})).await {
+            Ok(v) => v.get("id").and_then(Value::as_str).map(str::to_string),
+            Err(e) => {
+                let failed = Streamed::failed(format!("creating the loop's session: {e}"));
+                samples.push(to_sample(&failed, t0, iteration, Some(1), 0, warmup));
+                return samples;
+            }
+        }
+    } else {
+        None
+    };
+    let headers: Vec<(&str, &str)> = session
+        .as_deref()
+        .map(|id| (SESSION_HEADER, id))
+        .into_iter()
+        .collect();
+    let mut messages = vec![json!({"role": "user", "content": prefix})];
+    for turn in 1..=shape.turns {
+        let body = loop_body(ctx.model, &messages, shape.turn_tokens, shape.tools);
+        let s = (ctx.client)
+            .stream_with("/v1/chat/completions", &body, &headers)
+            .await;
+        let sample = to_sample(&s, t0, iteration, Some(turn), shape.turn_tokens, warmup);
+        let failed = sample.error.is_some();
+        samples.push(sample);
+        if failed {
+            break;
+        }
+        // A reply that called a tool is re-sent as text with a made-up result, so every
+        // engine sees the same kind of conversation whatever the model chose to emit.
+        let (reply, next) = if s.text.is_empty() && !s.tool_text.is_empty() {
+            (
+                s.tool_text.clone(),
+                format!("Tool result: ok. Turn {}: go on.", turn + 1),
+            )
+        } else {
+            (s.text.clone(), format!("Turn {}: go on.", turn + 1))
+        };
+        messages.push(json!({"role": "assistant", "content": reply}));
+        messages.push(json!({"role": "user", "content": next}));
+    }
+    if let Some(id) = &session {
+        let _ = ctx.client.delete_json(&format!("/v1/sessions/{id}")).await;
+    }
+    samples
 }

@@ -114,6 +114,26 @@ impl Client {
         Ok((read_json(&url, resp).await?, server))
     }
 
+    /// GET `path` as text (e.g. a Prometheus `/metrics` page).
+    pub async fn get_text(&self, path: &str) -> Result<String, BenchError> {
+        let url = format!("{}{path}", self.base);
+        let http = |source| BenchError::Http {
+            url: url.clone(),
+            source,
+        };
+        let resp = self.http.get(&url).send().await.map_err(http)?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(http)?;
+        if !status.is_success() {
+            return Err(BenchError::Status {
+                url: url.clone(),
+                status: status.as_u16(),
+                body: clip(&text),
+            });
+        }
+        Ok(text)
+    }
+
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<Value, BenchError> {
         let url = format!("{}{path}", self.base);
         let resp = self

@@ -7,6 +7,7 @@ use crate::client::{Client, Streamed};
 use crate::result::{Point, Sample};
 use crate::run::completion_body;
 use crate::stats::Summary;
+use crate::traffic::{self, EngineCounters, TrafficShape};
 use crate::workload::{PlannedPoint, Settings, Shape};
 use crate::BenchError;
 use serde_json::Value;
@@ -146,6 +147,9 @@ pub async fn run_point(
                 ctx.settings.iterations * per_loop,
             )
         }
+        Shape::Traffic(shape) => {
+            return run_traffic(ctx, composer, point, shape, progress).await;
+        }
         Shape::LiveStream { .. } => {
             return Err(BenchError::Setting(
                 "live-stream points run on a stream (crate::live), not one by one".into(),
@@ -161,6 +165,52 @@ pub async fn run_point(
     let point = summarize(point, samples, wall_s, warmup_requests, measured_requests);
     progress.finish(&point);
     Ok(point)
+}
+
+/// A sustained or burst point: `warmup` workflows at once, untimed, then the measured phase
+/// with the engine's counters read around it.
+async fn run_traffic(
+    ctx: &Ctx<'_>,
+    composer: &mut Composer,
+    point: &PlannedPoint,
+    shape: TrafficShape,
+    progress: &Progress,
+) -> Result<Point, BenchError> {
+    let chat_base = ctx
+        .chat_base
+        .ok_or_else(|| BenchError::Calibration("workflows without chat calibration".into()))?;
+    let mut samples = Vec::new();
+    let mut warm_n = 0;
+    if ctx.settings.warmup > 0 {
+        let warm = TrafficShape {
+            workflows: ctx.settings.warmup,
+            window_s: 0,
+            ..shape
+        };
+        let w = traffic::run_phase(ctx, composer, chat_base, warm, true, progress).await?;
+        warm_n = w.samples.len() as u32;
+        samples.extend(w.samples);
+    }
+    let before = EngineCounters::read(ctx.client).await;
+    let m = traffic::run_phase(ctx, composer, chat_base, shape, false, progress).await?;
+    let after = EngineCounters::read(ctx.client).await;
+    // Every admitted workflow was to send all its turns: the ones a failure cut short count.
+    let expected = m.admitted * shape.turns;
+    samples.extend(m.samples);
+    samples.sort_by(|a, b| {
+        b.warmup
+            .cmp(&a.warmup)
+            .then(a.start_ms.total_cmp(&b.start_ms))
+    });
+    let mut p = summarize(point, samples, m.wall_s, warm_n, expected);
+    let t = &mut p.throughput;
+    t.insert("workflows_admitted".into(), f64::from(m.admitted));
+    t.insert("workflows_finished".into(), f64::from(m.finished));
+    if let (Some(b), Some(a)) = (before, after) {
+        EngineCounters::between(b, a, t);
+    }
+    progress.finish(&p);
+    Ok(p)
 }
 
 /// `concurrency` workers each send the next body as soon as their last request ended.
@@ -307,6 +357,16 @@ pub fn summarize(
             }
         }
         Shape::LiveStream { .. } => crate::live::aggregates(&ok, &mut throughput),
+        Shape::Traffic(_) => put(
+            "generation_tok_s",
+            ok.iter()
+                .filter_map(|s| {
+                    let decode_s = (s.e2e_ms - s.ttft_ms?) / 1e3;
+                    let n = s.output_tokens?.checked_sub(1)?;
+                    (decode_s > 0.0 && n > 0).then(|| f64::from(n) / decode_s)
+                })
+                .collect(),
+        ),
         Shape::AgentLoop { turns, .. } => {
             put(
                 "ttft_first_turn_ms",

@@ -13,6 +13,7 @@ pub mod report;
 pub mod result;
 pub mod run;
 pub mod stats;
+mod traffic;
 pub mod workload;
 
 pub use error::BenchError;

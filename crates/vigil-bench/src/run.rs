@@ -186,6 +186,7 @@ fn longest_prompt(p: &PlannedPoint) -> u32 {
     match p.shape {
         Shape::Requests { prompt_tokens, .. } => prompt_tokens,
         Shape::AgentLoop { prefix_tokens, .. } => prefix_tokens,
+        Shape::Traffic(t) => t.prefix_tokens,
         Shape::LiveStream { stream, .. } => stream.window_tokens,
     }
 }
@@ -311,11 +312,9 @@ async fn calibrate(
         .fold((u32::MAX, 0), |(lo, hi), (_, c)| (lo.min(*c), hi.max(*c)));
     let mut composer = Composer::new(priced, seed)?;
     let tools = workload == Workload::ToolLoop;
-    let chat_base = match workload {
-        Workload::AgentLoop | Workload::ToolLoop => {
-            Some(count_chat(client, model, HEADER, tools).await?)
-        }
-        _ => None,
+    let chat_base = match workload.is_chat() {
+        true => Some(count_chat(client, model, HEADER, tools).await?),
+        false => None,
     };
     // The check prompt is composed like a timed one but never timed: its opening is spent.
     let check = match chat_base {

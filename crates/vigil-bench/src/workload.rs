@@ -1,5 +1,6 @@
 //! The workloads, their settings, and the points each one measures.
 
+use crate::traffic::TrafficShape;
 use crate::BenchError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -19,19 +20,25 @@ pub enum Workload {
     AgentLoop,
     /// The agent loop with tool definitions attached and a larger budget per turn.
     ToolLoop,
+    /// Multi-turn workflows kept at a number in flight for a time window.
+    Sustained,
+    /// The same workflows, all dropped at once.
+    Burst,
     /// A stream of entries pushed at a fixed cadence, queried as it grows: Flash Query and cold
     /// query on a session (where the target serves sessions), stateless replay everywhere.
     LiveStream,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 6] = [
+    pub const ALL: [Workload; 8] = [
         Workload::Single,
         Workload::Concurrent,
         Workload::Prefill,
         Workload::AgentLoop,
         Workload::ToolLoop,
         Workload::LiveStream,
+        Workload::Sustained,
+        Workload::Burst,
     ];
 
     pub fn name(self) -> &'static str {
@@ -42,17 +49,22 @@ impl Workload {
             Workload::AgentLoop => "agent-loop",
             Workload::ToolLoop => "tool-loop",
             Workload::LiveStream => "live-stream",
+            Workload::Sustained => "sustained",
+            Workload::Burst => "burst",
         }
     }
 
     /// The endpoint the workload's requests go to.
     pub fn endpoint(self) -> &'static str {
         match self {
-            Workload::AgentLoop | Workload::ToolLoop | Workload::LiveStream => {
-                "/v1/chat/completions"
-            }
-            _ => "/v1/completions",
+            Workload::Single | Workload::Concurrent | Workload::Prefill => "/v1/completions",
+            _ => "/v1/chat/completions",
         }
+    }
+
+    /// Whether its requests are chat conversations (calibrated on the chat endpoint).
+    pub fn is_chat(self) -> bool {
+        self.endpoint() == "/v1/chat/completions"
     }
 }
 
@@ -70,7 +82,7 @@ impl FromStr for Workload {
             .find(|w| w.name() == s)
             .ok_or_else(|| {
                 BenchError::Setting(format!(
-                    "unknown workload `{s}` (one of single, concurrent, prefill, agent-loop, tool-loop, live-stream)"
+                    "unknown workload `{s}` (one of single, concurrent, prefill, agent-loop, tool-loop, live-stream, sustained, burst)"
                 ))
             })
     }
@@ -105,6 +117,15 @@ pub struct Settings {
     /// agent-loop and tool-loop: also run each loop held in a session on targets that serve
     /// sessions (`x-layerscale-session-id`), beside the stateless re-send.
     pub session_loops: bool,
+    /// sustained: workflows kept in flight, and the admission window in seconds; burst:
+    /// workflows dropped at once. Each workflow is `workflow_turns` turns on a
+    /// `workflow_prefix_tokens` first message, `workflow_turn_tokens` generated per turn.
+    pub sustained_workflows: u32,
+    pub window_s: u32,
+    pub burst_workflows: u32,
+    pub workflow_prefix_tokens: u32,
+    pub workflow_turns: u32,
+    pub workflow_turn_tokens: u32,
     /// live-stream: tokens per entry (about; each is counted by the target's tokenizer), the
     /// push period, the session window, and the answer length of every query.
     pub entry_tokens: u32,
@@ -141,6 +162,12 @@ impl Default for Settings {
             turn_tokens: 48,
             tool_turn_tokens: 160,
             session_loops: true,
+            sustained_workflows: 8,
+            window_s: 60,
+            burst_workflows: 16,
+            workflow_prefix_tokens: 512,
+            workflow_turns: 3,
+            workflow_turn_tokens: 64,
             entry_tokens: 64,
             period_ms: 1000,
             window_tokens: 1024,
@@ -175,6 +202,8 @@ pub enum Shape {
     },
     /// One way of asking a question of a live stream.
     LiveStream { mode: LiveMode, stream: StreamShape },
+    /// Workflows in flight over a window (sustained) or dropped at once (burst).
+    Traffic(TrafficShape),
 }
 
 /// How a live-stream query is answered.
@@ -252,6 +281,13 @@ impl PlannedPoint {
                 ("window_tokens", s.window_tokens),
                 ("answer_tokens", s.answer_tokens),
             ],
+            Shape::Traffic(t) => vec![
+                ("workflows", t.workflows),
+                ("window_s", t.window_s),
+                ("prefix_tokens", t.prefix_tokens),
+                ("turns", t.turns),
+                ("turn_tokens", t.turn_tokens),
+            ],
         };
         pairs
             .into_iter()
@@ -278,6 +314,7 @@ impl PlannedPoint {
             Shape::LiveStream { stream: s, .. } => {
                 s.window_tokens + s.answer_tokens + LIVE_QUERY_ROOM
             }
+            Shape::Traffic(t) => t.prefix_tokens + t.turns * (t.turn_tokens + 16),
         }
     }
 
@@ -286,7 +323,7 @@ impl PlannedPoint {
         match self.shape {
             Shape::AgentLoop { held, .. } => held,
             Shape::LiveStream { mode, .. } => mode.needs_sessions(),
-            Shape::Requests { .. } => false,
+            Shape::Requests { .. } | Shape::Traffic(_) => false,
         }
     }
 
@@ -443,6 +480,40 @@ pub fn plan(workload: Workload, s: &Settings) -> Result<Vec<PlannedPoint>, Bench
                     shape: Shape::LiveStream { mode, stream },
                 })
                 .collect()
+        }
+        Workload::Sustained | Workload::Burst => {
+            let burst = workload == Workload::Burst;
+            let workflows = if burst {
+                s.burst_workflows
+            } else {
+                s.sustained_workflows
+            };
+            let window_s = if burst { 0 } else { s.window_s };
+            nonzero(
+                "workflows, window, workflow prefix/turns/turn tokens",
+                &[
+                    workflows,
+                    if burst { 1 } else { window_s },
+                    s.workflow_prefix_tokens,
+                    s.workflow_turns,
+                    s.workflow_turn_tokens,
+                ],
+            )?;
+            let label = if burst {
+                format!("burst={workflows}")
+            } else {
+                format!("in-flight={workflows} window={window_s}s")
+            };
+            vec![PlannedPoint {
+                label,
+                shape: Shape::Traffic(TrafficShape {
+                    workflows,
+                    window_s,
+                    prefix_tokens: s.workflow_prefix_tokens,
+                    turns: s.workflow_turns,
+                    turn_tokens: s.workflow_turn_tokens,
+                }),
+            }]
         }
     };
     Ok(points)

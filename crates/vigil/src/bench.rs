@@ -24,7 +24,7 @@ struct RunArgs {
     /// A server to measure, as NAME=URL (repeatable), e.g. vigil=http://127.0.0.1:8080.
     #[arg(long = "target", required = true)]
     targets: Vec<String>,
-    /// single, concurrent, prefill, agent-loop, tool-loop or live-stream.
+    /// single, concurrent, prefill, agent-loop, tool-loop, live-stream, sustained or burst.
     #[arg(long)]
     workload: String,
     /// Directory for the result file.
@@ -83,6 +83,24 @@ struct RunArgs {
     /// that serve sessions, beside the stateless re-send).
     #[arg(long)]
     no_session_loops: bool,
+    /// sustained: workflows kept in flight [default: 8].
+    #[arg(long)]
+    sustained_workflows: Option<u32>,
+    /// sustained: seconds during which finished workflows are replaced [default: 60].
+    #[arg(long)]
+    window_seconds: Option<u32>,
+    /// burst: workflows dropped at once [default: 16].
+    #[arg(long)]
+    burst_workflows: Option<u32>,
+    /// sustained and burst: each workflow's first message, in tokens [default: 512].
+    #[arg(long)]
+    workflow_prefix_tokens: Option<u32>,
+    /// sustained and burst: turns per workflow [default: 3].
+    #[arg(long)]
+    workflow_turns: Option<u32>,
+    /// sustained and burst: tokens generated per turn [default: 64].
+    #[arg(long)]
+    workflow_turn_tokens: Option<u32>,
     /// live-stream: tokens per entry, about (counted by each target's tokenizer) [default: 64].
     #[arg(long)]
     entry_tokens: Option<u32>,
@@ -150,6 +168,12 @@ fn run_workload(a: RunArgs) -> Result<()> {
         turn_tokens: a.turn_tokens.unwrap_or(d.turn_tokens),
         tool_turn_tokens: a.tool_turn_tokens.unwrap_or(d.tool_turn_tokens),
         session_loops: !a.no_session_loops,
+        sustained_workflows: a.sustained_workflows.unwrap_or(d.sustained_workflows),
+        window_s: a.window_seconds.unwrap_or(d.window_s),
+        burst_workflows: a.burst_workflows.unwrap_or(d.burst_workflows),
+        workflow_prefix_tokens: a.workflow_prefix_tokens.unwrap_or(d.workflow_prefix_tokens),
+        workflow_turns: a.workflow_turns.unwrap_or(d.workflow_turns),
+        workflow_turn_tokens: a.workflow_turn_tokens.unwrap_or(d.workflow_turn_tokens),
         entry_tokens: a.entry_tokens.unwrap_or(d.entry_tokens),
         period_ms: a.period_ms.unwrap_or(d.period_ms),
         window_tokens: a.window_tokens.unwrap_or(d.window_tokens),

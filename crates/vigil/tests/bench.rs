@@ -97,27 +97,29 @@ fn num(v: &Value, what: &str) -> f64 {
         .unwrap_or_else(|| panic!("{what} is not a number (NaN is written as null): {v}"))
 }
 
-/// A loop's samples, in send order: the first prompt is the calibrated prefix, the conversation
-/// grows each turn, and later turns reuse the earlier ones: through the prefix cache (whole
-/// blocks), or the held session (all of the last prompt and more: its reply is kept too).
+/// Each loop's samples, in send order: the first prompt is the calibrated prefix, the
+/// conversation grows each turn, and later turns reuse the earlier ones: through the prefix
+/// cache (whole blocks), or the held session (all of the last prompt and more: its reply is
+/// kept too). Loops may interleave (sustained, burst): they are told apart by iteration.
 fn check_growing_conversation(point: &Value, prefix: f64) {
-    let held = param(point, "session") == 1.0;
-    let mut last_prompt = 0.0;
+    let held = point["params"]["session"] == 1;
+    let mut last_prompt: std::collections::HashMap<(bool, u64), f64> = Default::default();
     for s in point["samples"].as_array().into_iter().flatten() {
+        let key = (
+            s["warmup"] == true,
+            num(&s["iteration"], "iteration") as u64,
+        );
         let prompt = num(&s["prompt_tokens"], "prompt");
         if num(&s["turn"], "turn") > 1.0 {
-            assert!(prompt > last_prompt, "{s}");
+            let last = last_prompt[&key];
+            assert!(prompt > last, "{s}");
             let cached = num(&s["cached_tokens"], "cached");
-            let reused = if held {
-                last_prompt
-            } else {
-                last_prompt - 16.0
-            };
+            let reused = if held { last } else { last - 16.0 };
             assert!(cached >= reused, "{s}");
         } else {
             assert!((prompt - prefix).abs() <= 0.02 * prefix + 1.0, "{s}");
         }
-        last_prompt = prompt;
+        last_prompt.insert(key, prompt);
     }
 }
 
@@ -420,6 +422,51 @@ fn bench_every_workload_then_report() {
     );
     assert!(base > agent_base + 100.0, "{base} vs {agent_base}");
 
+    let workflow = [
+        "--workflow-prefix-tokens=64",
+        "--workflow-turns=2",
+        "--workflow-turn-tokens=8",
+    ];
+    let sustained = bench(
+        &server,
+        &url,
+        &results,
+        "sustained",
+        &[
+            &workflow[..],
+            &["--sustained-workflows=3", "--window-seconds=2"],
+        ]
+        .concat(),
+    );
+    let burst = bench(
+        &server,
+        &url,
+        &results,
+        "burst",
+        &[&workflow[..], &["--burst-workflows=4"]].concat(),
+    );
+    for (file, workload, label) in [
+        (&sustained, "sustained", "in-flight=3 window=2s"),
+        (&burst, "burst", "burst=4"),
+    ] {
+        let p = &check_file(file, workload, &[label])[0];
+        let t = &p["throughput"];
+        let admitted = num(&t["workflows_admitted"], "admitted");
+        assert_eq!(num(&t["workflows_finished"], "finished"), admitted, "{t}");
+        assert_eq!(num(&p["measured_requests"], "measured"), 2.0 * admitted);
+        if workload == "burst" {
+            assert_eq!(admitted, 4.0);
+        } else {
+            // Closed loop over a 2 s window: more than the three first admitted.
+            assert!(admitted > 3.0, "{t}");
+        }
+        let share = num(&t["prefill_share"], "prefill share");
+        assert!(share > 0.0 && share < 1.0, "{t}");
+        assert!(num(&t["prefill_tokens_per_step"], "prefill tokens per step") >= 1.0);
+        assert!(num(&p["metrics"]["generation_tok_s"]["p50"], "generation speed") > 0.0);
+        check_growing_conversation(p, 64.0);
+    }
+
     let live = bench(
         &server,
         &url,
@@ -440,7 +487,7 @@ fn bench_every_workload_then_report() {
         .expect("results dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
-    assert_eq!(files.len(), 6);
+    assert_eq!(files.len(), 8);
     let report = dir.join("report");
     let out = Command::new(VIGIL)
         .args(["bench", "report"])
@@ -455,7 +502,7 @@ fn bench_every_workload_then_report() {
         String::from_utf8_lossy(&out.stderr)
     );
     let md = std::fs::read_to_string(report.join("report.md")).expect("report.md");
-    assert_eq!(md.matches("\n| point | metric |").count(), 6, "{md}");
+    assert_eq!(md.matches("\n| point | metric |").count(), 8, "{md}");
     for w in [
         "single",
         "concurrent",
@@ -463,6 +510,8 @@ fn bench_every_workload_then_report() {
         "agent-loop",
         "tool-loop",
         "live-stream",
+        "sustained",
+        "burst",
     ] {
         assert_eq!(md.matches(&format!("\n## {w}\n")).count(), 1, "{w}");
     }
@@ -481,8 +530,8 @@ fn bench_every_workload_then_report() {
     assert!(md.contains("flash 2, cold 2, replay 3."), "{md}");
     let html = std::fs::read_to_string(report.join("report.html")).expect("report.html");
     // Charts: 4 metrics (single) + 5 (concurrent) + 2 (prefill) + 4 (agent loop) + 4 (tool
-    // loop) + 5 (live).
-    assert_eq!(check_balanced(&html), 24);
+    // loop) + 5 (live) + 7 (sustained) + 7 (burst).
+    assert_eq!(check_balanced(&html), 38);
     assert!(html.matches("<rect").count() >= 20);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
