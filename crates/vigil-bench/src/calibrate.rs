@@ -169,6 +169,10 @@ pub struct CalibrationRecord {
     pub chat_base_tokens: Option<u32>,
     pub word_cost_min: u32,
     pub word_cost_max: u32,
+    /// How prompts were counted: `/tokenize`, `/extras/tokenize/count` (llama-cpp-python), or
+    /// `/v1/completions` usage (one generated token per count) where the target has neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count_method: Option<String>,
     /// The full-length probe: endpoint, target, the composer's prediction and the server's count.
     pub check: CalibrationCheck,
 }

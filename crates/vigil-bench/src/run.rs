@@ -7,6 +7,7 @@ use crate::calibrate::{
 use crate::client::{Client, Usage};
 use crate::exec::{self, Progress};
 use crate::hardware::Hardware;
+use crate::live::entries::CountMethod;
 use crate::result::{Point, RunFile, TargetRun, SCHEMA};
 use crate::workload::{plan, PlannedPoint, Settings, Shape, Workload};
 use crate::BenchError;
@@ -264,13 +265,17 @@ async fn count(client: &Client, path: &str, body: &Value) -> Result<u32, BenchEr
         })
 }
 
-async fn count_completion(client: &Client, model: &str, prompt: &str) -> Result<u32, BenchError> {
-    count(
-        client,
-        "/v1/completions",
-        &completion_body(model, prompt, 1, false),
-    )
-    .await
+/// The first of `CountMethod::FOR_PROMPTS` the target answers, with the header's count.
+async fn prompt_counter(client: &Client, model: &str) -> Result<(CountMethod, u32), BenchError> {
+    let mut last = None;
+    for method in CountMethod::FOR_PROMPTS {
+        match method.count(client, model, HEADER).await {
+            Ok(n) => return Ok((method, n)),
+            Err(e @ (BenchError::Status { .. } | BenchError::Reply { .. })) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| BenchError::Calibration("no way to count tokens".into())))
 }
 
 async fn count_chat(
@@ -298,10 +303,12 @@ async fn calibrate(
 ) -> Result<(Composer, CalibrationRecord), BenchError> {
     let t0 = Instant::now();
     let pool = pseudo_words(&mut SplitMix64::new(seed), POOL_SIZE);
-    let base = count_completion(client, model, HEADER).await?;
+    let (method, base) = prompt_counter(client, model).await?;
     let priced: Vec<(String, u32)> = stream::iter(pool)
         .map(|w| async move {
-            let n = count_completion(client, model, &format!("{HEADER} {w}")).await?;
+            let n = method
+                .count(client, model, &format!("{HEADER} {w}"))
+                .await?;
             Ok::<_, BenchError>((w, n.saturating_sub(base)))
         })
         .buffered(4)
@@ -333,14 +340,18 @@ async fn calibrate(
                 endpoint: "/v1/completions".into(),
                 target: longest,
                 predicted: p.predicted,
-                counted: count_completion(client, model, &p.text).await?,
+                // The check goes through the endpoint the workload uses, whatever priced it.
+                counted: CountMethod::Completions
+                    .count(client, model, &p.text)
+                    .await?,
             }
         }
     };
     check.verify()?;
     eprintln!(
-        "calibrated {POOL_SIZE} words on {} in {:.1} s; {}-token check prompt counted {}",
+        "calibrated {POOL_SIZE} words on {} ({}) in {:.1} s; {}-token check prompt counted {}",
         client.base(),
+        method.path(),
         t0.elapsed().as_secs_f64(),
         check.target,
         check.counted
@@ -351,6 +362,7 @@ async fn calibrate(
         chat_base_tokens: chat_base,
         word_cost_min: lo,
         word_cost_max: hi,
+        count_method: Some(method.path().to_string()),
         check,
     };
     Ok((composer, record))

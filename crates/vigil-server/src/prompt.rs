@@ -24,11 +24,25 @@ pub async fn render_chat(
     state: &SharedState,
     spec: ChatPromptSpec<'_>,
 ) -> Result<ChatPrompt, ApiError> {
+    render_chat_opening(state, spec, true).await
+}
+
+/// [`render_chat`], with or without the assistant turn's opening at the end.
+pub async fn render_chat_opening(
+    state: &SharedState,
+    spec: ChatPromptSpec<'_>,
+    add_generation_prompt: bool,
+) -> Result<ChatPrompt, ApiError> {
     let template = state.template.clone().ok_or_else(|| {
         ApiError::bad_request("this model has no chat template; use /v1/completions")
     })?;
     let mut text = template
-        .render(spec.messages, spec.tools, true, &spec.kwargs)
+        .render(
+            spec.messages,
+            spec.tools,
+            add_generation_prompt,
+            &spec.kwargs,
+        )
         .map_err(|e| {
             ApiError::invalid(
                 "messages",

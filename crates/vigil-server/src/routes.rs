@@ -31,6 +31,8 @@ pub fn router(state: SharedState) -> Router {
             post(crate::openai::completions::completions),
         )
         .route("/v1/messages", post(crate::anthropic::messages::messages))
+        .route("/tokenize", post(crate::openai::tokenize::tokenize))
+        .route("/detokenize", post(crate::openai::tokenize::detokenize))
         .route(
             "/v1/messages/count_tokens",
             post(crate::anthropic::messages::count_tokens),

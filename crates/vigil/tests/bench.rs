@@ -137,6 +137,8 @@ fn check_file(file: &Value, workload: &str, labels: &[&str]) -> Vec<Value> {
     assert_eq!(t["name"], "vigil");
     assert_eq!(t["owned_by"], "vigil");
     assert!(!t["model"].as_str().unwrap_or_default().is_empty());
+    // Prompts are priced with the server's own tokenizer route, not by generating.
+    assert_eq!(t["calibration"]["count_method"], "/tokenize");
     let check = &t["calibration"]["check"];
     let (target, counted) = (
         num(&check["target"], "target"),

@@ -19,11 +19,11 @@ const PROBE_TAIL: &str = "End";
 /// How a target counts tokens, cheapest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CountMethod {
-    /// Anthropic's `/v1/messages/count_tokens` (Vigil).
+    /// Anthropic's `/v1/messages/count_tokens` (Vigil; counts a chat rendering).
     MessagesCountTokens,
     /// llama-cpp-python's `/extras/tokenize/count`.
     ExtrasTokenizeCount,
-    /// vLLM's and SGLang's `/tokenize`.
+    /// `/tokenize` (vLLM, SGLang, Vigil).
     Tokenize,
     /// `/v1/completions` with one output token: `usage.prompt_tokens` (every target; costs a
     /// prefill).
@@ -31,6 +31,14 @@ pub enum CountMethod {
 }
 
 impl CountMethod {
+    /// The methods that count a bare completion prompt as `/v1/completions` does (BOS
+    /// included), cheapest first: what prompt calibration uses.
+    pub const FOR_PROMPTS: [CountMethod; 3] = [
+        CountMethod::Tokenize,
+        CountMethod::ExtrasTokenizeCount,
+        CountMethod::Completions,
+    ];
+
     const ALL: [CountMethod; 4] = [
         CountMethod::MessagesCountTokens,
         CountMethod::ExtrasTokenizeCount,
@@ -47,7 +55,8 @@ impl CountMethod {
         }
     }
 
-    async fn count(self, client: &Client, model: &str, text: &str) -> Result<u32, BenchError> {
+    /// Tokens of `text` as this method counts it (an HTTP error status: the target lacks it).
+    pub async fn count(self, client: &Client, model: &str, text: &str) -> Result<u32, BenchError> {
         let (body, pointer) = match self {
             CountMethod::MessagesCountTokens => (
                 json!({"model": model, "messages": [{"role": "user", "content": text}]}),

@@ -15,7 +15,7 @@
 //! is recorded (`late_ms`): a server slower than the cadence is timed at its own pace under the
 //! stream's load, not by a queue that grows with N.
 
-mod entries;
+pub mod entries;
 mod session;
 
 pub use entries::{sensor_fields, CountMethod, Entry, EntrySource, TokenCounter, Window};
