@@ -317,7 +317,15 @@ async fn calibrate(
     let (lo, hi) = priced
         .iter()
         .fold((u32::MAX, 0), |(lo, hi), (_, c)| (lo.min(*c), hi.max(*c)));
-    let mut composer = Composer::new(priced, seed)?;
+    // Each workload draws its own prompts: workloads run back to back against one server
+    // must not find each other's prompts in its prefix cache.
+    let salt = workload
+        .name()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let mut composer = Composer::new(priced, seed ^ salt)?;
     let tools = workload == Workload::ToolLoop;
     let chat_base = match workload.is_chat() {
         true => Some(count_chat(client, model, HEADER, tools).await?),

@@ -501,6 +501,53 @@ struct Tile<'a, 'b> {
     heads: std::ops::Range<usize>,
 }
 
+/// Where a tile's queries and keys are: sizes, and each row's keys in the paged cache.
+struct TileGeometry<'a> {
+    d: usize,
+    q_dim: usize,
+    kv_dim: usize,
+    kv_head: usize,
+    block_size: usize,
+    scale: f32,
+    first_pos: usize,
+    query_start: usize,
+    /// Keys of the tile's last row: the most any row attends to.
+    max_keys: usize,
+    block_table: &'a [u32],
+}
+
+impl<'a> TileGeometry<'a> {
+    fn new(shape: AttnShape, tile: &Tile<'_, 'a>) -> Self {
+        let d = shape.head_dim;
+        let seq = tile.seq;
+        let first_pos = seq.context_len - seq.query_len;
+        TileGeometry {
+            d,
+            q_dim: shape.num_heads * d,
+            kv_dim: shape.num_kv_heads * d,
+            kv_head: tile.heads.start / (shape.num_heads / shape.num_kv_heads),
+            block_size: shape.block_size,
+            scale: 1.0 / (d as f32).sqrt(),
+            first_pos,
+            query_start: seq.query_start,
+            max_keys: first_pos + (tile.rows.end - 1 - seq.query_start) + 1,
+            block_table: seq.block_table,
+        }
+    }
+
+    /// Row `row` attends to keys 0..=its position.
+    fn num_keys(&self, row: usize) -> usize {
+        self.first_pos + (row - self.query_start) + 1
+    }
+
+    /// Offset of key `p`'s row for this tile's KV head.
+    fn key_row(&self, p: usize) -> usize {
+        let slot =
+            self.block_table[p / self.block_size] as usize * self.block_size + p % self.block_size;
+        slot * self.kv_dim + self.kv_head * self.d
+    }
+}
+
 /// Scores, softmax and weighted values for every (row, head) of a tile. Each query's dot
 /// products, softmax and value sum run in key order with the same operations whatever the
 /// tile, so a query's output never depends on which other queries share its tile.
@@ -512,21 +559,9 @@ fn attend_tile<'o, E: KvElem>(
     v_cache: &[E],
     out_for: impl Fn(usize, usize) -> &'o mut [f32],
 ) {
-    let d = shape.head_dim;
-    let q_dim = shape.num_heads * d;
-    let kv_dim = shape.num_kv_heads * d;
-    let kv_head = tile.heads.start / (shape.num_heads / shape.num_kv_heads);
-    let scale = 1.0 / (d as f32).sqrt();
-    let seq = tile.seq;
-    let first_pos = seq.context_len - seq.query_len;
-    // Row `row` attends to keys 0..=its position.
-    let num_keys = |row: usize| first_pos + (row - seq.query_start) + 1;
-    let max_keys = num_keys(tile.rows.end - 1);
-    let key_row = |p: usize| {
-        let slot = seq.block_table[p / shape.block_size] as usize * shape.block_size
-            + p % shape.block_size;
-        slot * kv_dim + kv_head * d
-    };
+    let g = TileGeometry::new(shape, tile);
+    let (d, q_dim, scale, max_keys) = (g.d, g.q_dim, g.scale, g.max_keys);
+    let (num_keys, key_row) = (|row| g.num_keys(row), |p| g.key_row(p));
     let simd = crate::cpu::features().avx2_fma_f16c && d.is_multiple_of(8);
     let queries: Vec<(usize, usize)> = tile
         .rows
@@ -605,20 +640,9 @@ fn attend_tile_simd<'o, E: KvElem>(
     queries: &[(usize, usize)],
     out_for: impl Fn(usize, usize) -> &'o mut [f32],
 ) {
-    let d = shape.head_dim;
-    let q_dim = shape.num_heads * d;
-    let kv_dim = shape.num_kv_heads * d;
-    let kv_head = tile.heads.start / (shape.num_heads / shape.num_kv_heads);
-    let scale = 1.0 / (d as f32).sqrt();
-    let seq = tile.seq;
-    let first_pos = seq.context_len - seq.query_len;
-    let num_keys = |row: usize| first_pos + (row - seq.query_start) + 1;
-    let max_keys = num_keys(tile.rows.end - 1);
-    let key_row = |p: usize| {
-        let slot = seq.block_table[p / shape.block_size] as usize * shape.block_size
-            + p % shape.block_size;
-        slot * kv_dim + kv_head * d
-    };
+    let g = TileGeometry::new(shape, tile);
+    let (d, q_dim, scale, max_keys) = (g.d, g.q_dim, g.scale, g.max_keys);
+    let (num_keys, key_row) = (|row| g.num_keys(row), |p| g.key_row(p));
     // Widen keys p0..p1 of `cache` into `buf` (rows of d).
     let widen = |cache: &[E], buf: &mut [f32], p0: usize, p1: usize| {
         for p in p0..p1 {
