@@ -49,6 +49,8 @@ pub struct RunOptions {
     /// How long to wait for a target to answer `/v1/models` (it may still be loading).
     pub startup_timeout_s: u64,
     pub tool_version: String,
+    /// A local `tokenizer.json` to price prompts with instead of the target's own count.
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// Runs the workload against every target in turn and writes the result file; returns its path.
@@ -59,6 +61,13 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
         ));
     }
     let points = plan(opts.workload, &opts.settings)?;
+    let tokenizer = match &opts.tokenizer {
+        Some(path) => Some(
+            tokenizers::Tokenizer::from_file(path)
+                .map_err(|e| BenchError::Setting(format!("--tokenizer {}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
     let started_unix_s = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -105,7 +114,8 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
             let (record, measured) = crate::live::run_target(&ctx, &points).await?;
             (None, Some(record), measured)
         } else {
-            let (c, m) = measure_points(opts, &target.name, &client, &model, &points).await?;
+            let (c, m) =
+                measure_points(opts, target, &client, &model, &points, tokenizer.as_ref()).await?;
             (Some(c), None, m)
         };
         runs.push(TargetRun {
@@ -144,14 +154,27 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
 /// Calibrates prompts on the target, then measures the points one by one.
 async fn measure_points(
     opts: &RunOptions,
-    target_name: &str,
+    target: &Target,
     client: &Client,
     model: &str,
     points: &[PlannedPoint],
+    tokenizer: Option<&tokenizers::Tokenizer>,
 ) -> Result<(CalibrationRecord, Vec<Point>), BenchError> {
+    let target_name = &target.name;
     let longest = points.iter().map(longest_prompt).max().unwrap_or(0);
-    let (mut composer, calibration) =
-        calibrate(client, model, opts.workload, longest, opts.settings.seed).await?;
+    let pricer = match tokenizer {
+        Some(t) => Pricer::Local(t),
+        None => Pricer::Remote(prompt_counter(client, model).await?),
+    };
+    let (mut composer, calibration) = calibrate(
+        client,
+        model,
+        opts.workload,
+        longest,
+        opts.settings.seed,
+        pricer,
+    )
+    .await?;
     // Loops held in a session run only where the target serves sessions.
     let sessions = serves_sessions(client).await;
     let points: Vec<&PlannedPoint> = (points.iter())
@@ -265,12 +288,38 @@ async fn count(client: &Client, path: &str, body: &Value) -> Result<u32, BenchEr
         })
 }
 
-/// The first of `CountMethod::FOR_PROMPTS` the target answers, with the header's count.
-async fn prompt_counter(client: &Client, model: &str) -> Result<(CountMethod, u32), BenchError> {
+/// How prompts are priced: the target's own count, or a tokenizer given on the command line.
+#[derive(Clone, Copy)]
+enum Pricer<'a> {
+    Remote(CountMethod),
+    Local(&'a tokenizers::Tokenizer),
+}
+
+impl Pricer<'_> {
+    async fn count(self, client: &Client, model: &str, text: &str) -> Result<u32, BenchError> {
+        match self {
+            Pricer::Remote(m) => m.count(client, model, text).await,
+            Pricer::Local(t) => t
+                .encode(text, true)
+                .map(|e| e.len() as u32)
+                .map_err(|e| BenchError::Calibration(format!("local tokenizer: {e}"))),
+        }
+    }
+
+    fn name(self) -> String {
+        match self {
+            Pricer::Remote(m) => m.path().to_string(),
+            Pricer::Local(_) => "local tokenizer".to_string(),
+        }
+    }
+}
+
+/// The first of `CountMethod::FOR_PROMPTS` the target answers.
+async fn prompt_counter(client: &Client, model: &str) -> Result<CountMethod, BenchError> {
     let mut last = None;
     for method in CountMethod::FOR_PROMPTS {
         match method.count(client, model, HEADER).await {
-            Ok(n) => return Ok((method, n)),
+            Ok(_) => return Ok(method),
             Err(e @ (BenchError::Status { .. } | BenchError::Reply { .. })) => last = Some(e),
             Err(e) => return Err(e),
         }
@@ -300,10 +349,11 @@ async fn calibrate(
     workload: Workload,
     longest: u32,
     seed: u64,
+    method: Pricer<'_>,
 ) -> Result<(Composer, CalibrationRecord), BenchError> {
     let t0 = Instant::now();
     let pool = pseudo_words(&mut SplitMix64::new(seed), POOL_SIZE);
-    let (method, base) = prompt_counter(client, model).await?;
+    let base = method.count(client, model, HEADER).await?;
     let priced: Vec<(String, u32)> = stream::iter(pool)
         .map(|w| async move {
             let n = method
@@ -359,7 +409,7 @@ async fn calibrate(
     eprintln!(
         "calibrated {POOL_SIZE} words on {} ({}) in {:.1} s; {}-token check prompt counted {}",
         client.base(),
-        method.path(),
+        method.name(),
         t0.elapsed().as_secs_f64(),
         check.target,
         check.counted
@@ -370,7 +420,7 @@ async fn calibrate(
         chat_base_tokens: chat_base,
         word_cost_min: lo,
         word_cost_max: hi,
-        count_method: Some(method.path().to_string()),
+        count_method: Some(method.name()),
         check,
     };
     Ok((composer, record))

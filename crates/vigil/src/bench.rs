@@ -46,6 +46,11 @@ struct RunArgs {
     /// Per-request timeout in seconds [default: 900].
     #[arg(long)]
     request_timeout: Option<u64>,
+    /// Price prompts with this tokenizer.json instead of each target's own count (`/tokenize`,
+    /// llama-cpp-python's `/extras/tokenize/count`, or generation usage); the calibration
+    /// check still asks the target.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
     /// Seconds to wait for each target to answer /v1/models.
     #[arg(long, default_value_t = 120)]
     startup_timeout: u64,
@@ -195,6 +200,7 @@ fn run_workload(a: RunArgs) -> Result<()> {
         model: a.model,
         startup_timeout_s: a.startup_timeout,
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        tokenizer: a.tokenizer,
     };
     // One thread: the client should take as little CPU from the servers under test as it can.
     let runtime = tokio::runtime::Builder::new_current_thread()

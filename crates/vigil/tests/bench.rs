@@ -137,8 +137,15 @@ fn check_file(file: &Value, workload: &str, labels: &[&str]) -> Vec<Value> {
     assert_eq!(t["name"], "vigil");
     assert_eq!(t["owned_by"], "vigil");
     assert!(!t["model"].as_str().unwrap_or_default().is_empty());
-    // Prompts are priced with the server's own tokenizer route, not by generating.
-    assert_eq!(t["calibration"]["count_method"], "/tokenize");
+    // Prompts are priced with the server's own tokenizer route (or a local tokenizer), not
+    // by generating.
+    let method = t["calibration"]["count_method"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        matches!(method, "/tokenize" | "local tokenizer"),
+        "{method}"
+    );
     let check = &t["calibration"]["check"];
     let (target, counted) = (
         num(&check["target"], "target"),
@@ -319,6 +326,10 @@ fn bench_every_workload_then_report() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let results = dir.join("results");
     let (server, url) = start_server(&dir);
+    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny/qwen3/tokenizer.json")
+        .display()
+        .to_string();
 
     let single = bench(
         &server,
@@ -368,7 +379,15 @@ fn bench_every_workload_then_report() {
         &url,
         &results,
         "prefill",
-        &["--prefill-prompt-tokens=64,256"],
+        &[
+            "--prefill-prompt-tokens=64,256",
+            &format!("--tokenizer={tokenizer}"),
+        ],
+    );
+    // Priced with the local tokenizer given on the command line, checked by the server.
+    assert_eq!(
+        prefill["targets"][0]["calibration"]["count_method"],
+        "local tokenizer"
     );
     for p in check_file(&prefill, "prefill", &["in=64", "in=256"]) {
         assert!(num(&p["metrics"]["prompt_tok_s"]["p50"], "prompt_tok_s") > 0.0);
