@@ -66,22 +66,19 @@ impl Progress {
 
     pub fn finish(&self, point: &Point) {
         let p50 = |k: &str| point.metrics.get(k).map_or(f64::NAN, |s| s.p50);
-        let verdict = if point.excluded {
-            format!("EXCLUDED ({} failed)", point.failed)
-        } else {
-            "ok".to_string()
+        let verdict = match (point.excluded, &point.status) {
+            (true, _) => format!("EXCLUDED ({} failed)", point.failed),
+            (false, Some(status)) => status.clone(),
+            (false, None) => "ok".to_string(),
         };
+        let output = (point.throughput.get("output_tok_s"))
+            .map_or(String::new(), |v| format!(", {v:.1} output tok/s"));
         eprintln!(
-            "{}{}: {verdict}; TTFT p50 {:.1} ms, e2e p50 {:.1} ms, {:.1} output tok/s",
+            "{}{}: {verdict}; TTFT p50 {:.1} ms, e2e p50 {:.1} ms{output}",
             if self.tty { "\r\x1b[2K" } else { "" },
             self.label,
             p50("ttft_ms"),
             p50("e2e_ms"),
-            point
-                .throughput
-                .get("output_tok_s")
-                .copied()
-                .unwrap_or(f64::NAN),
         );
     }
 }
