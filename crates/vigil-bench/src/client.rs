@@ -180,6 +180,29 @@ impl Client {
         out
     }
 
+    /// [`Client::stream`] cut off at `deadline`: what arrived before it, and whether it was cut
+    /// (a cut request carries no error of its own).
+    pub async fn stream_until(
+        &self,
+        path: &str,
+        body: &Value,
+        deadline: Instant,
+    ) -> (Streamed, bool) {
+        let mut out = Streamed::failed(String::new());
+        out.error = None;
+        let streaming = self.stream_into(path, body, &[], &mut out);
+        let cut = match tokio::time::timeout_at(deadline.into(), streaming).await {
+            Ok(Ok(())) => false,
+            Ok(Err(e)) => {
+                out.error = Some(e);
+                false
+            }
+            Err(_) => true,
+        };
+        out.end = Instant::now();
+        (out, cut)
+    }
+
     async fn stream_into(
         &self,
         path: &str,
@@ -385,6 +408,57 @@ mod tests {
         assert!(s.first_text.is_some());
         assert_eq!(s.finish_reason.as_deref(), Some("length"));
         assert_eq!(s.usage.and_then(|u| u.completion_tokens), Some(2));
+    }
+
+    /// A one-shot SSE server: answers the first request with `events`, then holds the
+    /// connection open for `hold` (a stream still running) before closing it.
+    fn sse_server(events: &'static [&'static str], hold: Duration) -> String {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut sock, _) = listener.accept().unwrap();
+            let _ = sock.read(&mut [0u8; 8192]);
+            let mut reply = String::from(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+            );
+            for e in events {
+                reply.push_str(&format!("data: {e}\n\n"));
+            }
+            let _ = sock.write_all(reply.as_bytes());
+            let _ = sock.flush();
+            std::thread::sleep(hold);
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_at_its_deadline_keeps_what_arrived() {
+        let tokens = &[
+            r#"{"choices":[{"text":"a"}]}"#,
+            r#"{"choices":[{"text":"b"}]}"#,
+        ];
+        let url = sse_server(tokens, Duration::from_secs(5));
+        let client = Client::new(&url, Duration::from_secs(30)).unwrap();
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_millis(400);
+        let (s, cut) = client.stream_until("/x", &Value::Null, deadline).await;
+        assert!(cut);
+        assert_eq!((s.text.as_str(), s.text_chunks), ("ab", 2));
+        assert_eq!(s.error, None);
+        assert!(s.end >= deadline && s.end < t0 + Duration::from_secs(2));
+        // A stream that ends in time is not cut.
+        let done = &[
+            r#"{"choices":[{"text":"c","finish_reason":"length"}]}"#,
+            "[DONE]",
+        ];
+        let url = sse_server(done, Duration::from_secs(5));
+        let client = Client::new(&url, Duration::from_secs(30)).unwrap();
+        let far = Instant::now() + Duration::from_secs(3);
+        let (s, cut) = client.stream_until("/x", &Value::Null, far).await;
+        assert!(!cut);
+        assert_eq!(s.finish_reason.as_deref(), Some("length"));
+        assert!(s.end < far);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use crate::agent::{agent_loops, LoopShape};
 use crate::calibrate::Composer;
 use crate::client::{Client, Streamed};
+use crate::matrix::MatrixCell;
 use crate::result::{Point, Sample};
 use crate::run::completion_body;
 use crate::stats::Summary;
@@ -25,6 +26,8 @@ pub struct Ctx<'a> {
     pub settings: &'a Settings,
     pub completion_base: u32,
     pub chat_base: Option<u32>,
+    /// The target's context length where `/v1/models` states it.
+    pub max_model_len: Option<u64>,
 }
 
 /// The progress line on stderr: rewritten in place on a terminal, one line per phase otherwise.
@@ -39,6 +42,10 @@ impl Progress {
             label,
             tty: std::io::stderr().is_terminal(),
         }
+    }
+
+    pub fn label(&self) -> &str {
+        &self.label
     }
 
     pub fn phase(&self, phase: &str, total: u32) {
@@ -57,32 +64,32 @@ impl Progress {
         }
     }
 
-    fn finish(&self, point: &Point) {
+    pub fn finish(&self, point: &Point) {
         let p50 = |k: &str| point.metrics.get(k).map_or(f64::NAN, |s| s.p50);
-        let verdict = if point.excluded {
-            format!("EXCLUDED ({} failed)", point.failed)
-        } else {
-            "ok".to_string()
+        let verdict = match (point.excluded, &point.status) {
+            (true, _) => format!("EXCLUDED ({} failed)", point.failed),
+            (false, Some(status)) => status.clone(),
+            (false, None) => "ok".to_string(),
         };
+        let output = (point.throughput.get("output_tok_s"))
+            .map_or(String::new(), |v| format!(", {v:.1} output tok/s"));
         eprintln!(
-            "{}{}: {verdict}; TTFT p50 {:.1} ms, e2e p50 {:.1} ms, {:.1} output tok/s",
+            "{}{}: {verdict}; TTFT p50 {:.1} ms, e2e p50 {:.1} ms{output}",
             if self.tty { "\r\x1b[2K" } else { "" },
             self.label,
             p50("ttft_ms"),
             p50("e2e_ms"),
-            point
-                .throughput
-                .get("output_tok_s")
-                .copied()
-                .unwrap_or(f64::NAN),
         );
     }
 }
 
+/// Measures one point; `earlier`: the points already measured on this target (a matrix cell
+/// is not run after a failed one in its row).
 pub async fn run_point(
     ctx: &Ctx<'_>,
     composer: &mut Composer,
     point: &PlannedPoint,
+    earlier: &[Point],
     progress: &Progress,
 ) -> Result<Point, BenchError> {
     let (mut samples, wall_s, warmup_requests, measured_requests) = match point.shape {
@@ -91,28 +98,8 @@ pub async fn run_point(
             max_tokens,
             concurrency,
         } => {
-            let warm_n = ctx.settings.warmup;
-            let measured_n = point.measured_requests(ctx.settings);
-            let mut bodies = Vec::new();
-            for _ in 0..warm_n + measured_n {
-                let p = composer.compose(prompt_tokens, ctx.completion_base)?;
-                bodies.push(completion_body(ctx.model, &p.text, max_tokens, true));
-            }
-            let measured_bodies = bodies.split_off(warm_n as usize);
-            let run = |bodies, warmup| {
-                closed_loop(
-                    ctx.client,
-                    bodies,
-                    max_tokens,
-                    concurrency,
-                    warmup,
-                    progress,
-                )
-            };
-            let (mut samples, _) = run(bodies, true).await;
-            let (measured, wall) = run(measured_bodies, false).await;
-            samples.extend(measured);
-            (samples, wall, warm_n, measured_n)
+            let requests = (prompt_tokens, max_tokens, concurrency);
+            run_requests(ctx, composer, point, requests, progress).await?
         }
         Shape::AgentLoop {
             prefix_tokens,
@@ -150,21 +137,62 @@ pub async fn run_point(
         Shape::Traffic(shape) => {
             return run_traffic(ctx, composer, point, shape, progress).await;
         }
+        Shape::Matrix(cell) => {
+            return crate::matrix::run_cell(ctx, composer, point, cell, earlier, progress).await;
+        }
         Shape::LiveStream { .. } => {
             return Err(BenchError::Setting(
                 "live-stream points run on a stream (crate::live), not one by one".into(),
             ))
         }
     };
-    // Warm-up first, then in send order.
+    in_send_order(&mut samples);
+    let point = summarize(point, samples, wall_s, warmup_requests, measured_requests);
+    progress.finish(&point);
+    Ok(point)
+}
+
+/// Warm-up first, then in send order.
+pub fn in_send_order(samples: &mut [Sample]) {
     samples.sort_by(|a, b| {
         b.warmup
             .cmp(&a.warmup)
             .then(a.start_ms.total_cmp(&b.start_ms))
     });
-    let point = summarize(point, samples, wall_s, warmup_requests, measured_requests);
-    progress.finish(&point);
-    Ok(point)
+}
+
+/// `warmup` then the point's measured requests of `(prompt tokens, max tokens, concurrency)`
+/// on the completions endpoint, closed loop: the samples, the measured wall time, and the
+/// warm-up and measured request counts.
+pub async fn run_requests(
+    ctx: &Ctx<'_>,
+    composer: &mut Composer,
+    point: &PlannedPoint,
+    (prompt_tokens, max_tokens, concurrency): (u32, u32, u32),
+    progress: &Progress,
+) -> Result<(Vec<Sample>, f64, u32, u32), BenchError> {
+    let warm_n = ctx.settings.warmup;
+    let measured_n = point.measured_requests(ctx.settings);
+    let mut bodies = Vec::new();
+    for _ in 0..warm_n + measured_n {
+        let p = composer.compose(prompt_tokens, ctx.completion_base)?;
+        bodies.push(completion_body(ctx.model, &p.text, max_tokens, true));
+    }
+    let measured_bodies = bodies.split_off(warm_n as usize);
+    let run = |bodies, warmup| {
+        closed_loop(
+            ctx.client,
+            bodies,
+            max_tokens,
+            concurrency,
+            warmup,
+            progress,
+        )
+    };
+    let (mut samples, _) = run(bodies, true).await;
+    let (measured, wall) = run(measured_bodies, false).await;
+    samples.extend(measured);
+    Ok((samples, wall, warm_n, measured_n))
 }
 
 /// A sustained or burst point: `warmup` workflows at once, untimed, then the measured phase
@@ -197,11 +225,7 @@ async fn run_traffic(
     // Every admitted workflow was to send all its turns: the ones a failure cut short count.
     let expected = m.admitted * shape.turns;
     samples.extend(m.samples);
-    samples.sort_by(|a, b| {
-        b.warmup
-            .cmp(&a.warmup)
-            .then(a.start_ms.total_cmp(&b.start_ms))
-    });
+    in_send_order(&mut samples);
     let mut p = summarize(point, samples, m.wall_s, warm_n, expected);
     let t = &mut p.throughput;
     t.insert("workflows_admitted".into(), f64::from(m.admitted));
@@ -298,6 +322,7 @@ pub fn to_sample(
         text_chunks: s.text_chunks,
         finish_reason: s.finish_reason.clone(),
         error,
+        cut: false,
         late_ms: None,
         window_entries: None,
         flash: None,
@@ -307,7 +332,9 @@ pub fn to_sample(
     }
 }
 
-/// Percentiles over the measured, successful samples; counts over all of them.
+/// Percentiles over the measured, successful samples; counts over all of them. A request cut
+/// by a deadline (matrix) is neither: its first-token time and token gaps count, and the
+/// tokens it received count toward `output_tok_s`, but it is not a completed request.
 pub fn summarize(
     planned: &PlannedPoint,
     samples: Vec<Sample>,
@@ -324,18 +351,19 @@ pub fn summarize(
     // Requests an agent loop never sent (after a failed turn) are failures too.
     let missing = (warmup_requests + measured_requests).saturating_sub(samples.len() as u32);
     let failed_n = failed.len() as u32 + missing;
-    let ok: Vec<&Sample> = samples
+    let timed: Vec<&Sample> = samples
         .iter()
         .filter(|s| !s.warmup && s.error.is_none())
         .collect();
+    let ok: Vec<&Sample> = timed.iter().copied().filter(|s| !s.cut).collect();
     let mut metrics = BTreeMap::new();
     let mut put = |name: &str, values: Vec<f64>| {
         if let Some(s) = Summary::of(values) {
             metrics.insert(name.to_string(), s);
         }
     };
-    put("ttft_ms", ok.iter().filter_map(|s| s.ttft_ms).collect());
-    put("itl_ms", ok.iter().filter_map(|s| s.itl_ms).collect());
+    put("ttft_ms", timed.iter().filter_map(|s| s.ttft_ms).collect());
+    put("itl_ms", timed.iter().filter_map(|s| s.itl_ms).collect());
     put("e2e_ms", ok.iter().map(|s| s.e2e_ms).collect());
     let out_tokens = |s: &Sample| f64::from(s.output_tokens.unwrap_or(0));
     put(
@@ -346,18 +374,15 @@ pub fn summarize(
     );
     let mut throughput = BTreeMap::new();
     match planned.shape {
-        Shape::Requests { max_tokens, .. } => {
-            if max_tokens == 1 {
-                put(
-                    "prompt_tok_s",
-                    ok.iter()
-                        .filter_map(|s| Some(f64::from(s.prompt_tokens?) / (s.ttft_ms? / 1e3)))
-                        .collect(),
-                );
-            }
-        }
+        Shape::Requests { max_tokens: 1, .. } | Shape::Matrix(MatrixCell::Prefill { .. }) => put(
+            "prompt_tok_s",
+            ok.iter()
+                .filter_map(|s| Some(f64::from(s.prompt_tokens?) / (s.ttft_ms? / 1e3)))
+                .collect(),
+        ),
+        Shape::Requests { .. } => {}
         Shape::LiveStream { .. } => crate::live::aggregates(&ok, &mut throughput),
-        Shape::Traffic(_) => put(
+        Shape::Traffic(_) | Shape::Matrix(MatrixCell::Decode(_)) => put(
             "generation_tok_s",
             ok.iter()
                 .filter_map(|s| {
@@ -402,7 +427,7 @@ pub fn summarize(
         }
     }
     if wall_s > 0.0 {
-        let total: f64 = ok.iter().map(|s| out_tokens(s)).sum();
+        let total: f64 = timed.iter().map(|s| out_tokens(s)).sum();
         throughput.insert("output_tok_s".to_string(), total / wall_s);
         throughput.insert("requests_per_s".to_string(), ok.len() as f64 / wall_s);
     }
@@ -418,6 +443,7 @@ pub fn summarize(
         throughput,
         metrics,
         samples,
+        status: None,
     }
 }
 

@@ -9,6 +9,7 @@ mod error;
 mod exec;
 pub mod hardware;
 pub mod live;
+mod matrix;
 pub mod report;
 pub mod result;
 pub mod run;

@@ -63,18 +63,24 @@ pub struct Point {
     pub failed: u32,
     /// A point with any failed request: reported as excluded, never charted or ranked.
     pub excluded: bool,
-    /// The first few failure messages.
+    /// The first few failure messages (a matrix cell that was not run: why).
     pub errors: Vec<String>,
     /// Wall time of the measured phase (first send to last byte).
     pub wall_s: f64,
     /// Aggregates over the measured phase: `output_tok_s` (all output tokens / wall) and
-    /// `requests_per_s` (concurrent); no percentiles.
+    /// `requests_per_s` (concurrent); matrix decode cells also `average_active` and
+    /// `peak_active` (requests generating: on average, at the busiest moment),
+    /// `completed_requests` and `output_tokens`; no percentiles.
     pub throughput: BTreeMap<String, f64>,
     /// Percentile summaries over measured samples: `ttft_ms`, `itl_ms`, `e2e_ms`,
     /// `output_tok_s` (per request), `prompt_tok_s` (prefill), `loop_ms` (agent loop).
     pub metrics: BTreeMap<String, Summary>,
     /// Every request, warm-up included (`warmup: true`).
     pub samples: Vec<Sample>,
+    /// matrix: `valid`, `requests queued`, `over capacity`, `not run` or `failed`; a cell over
+    /// capacity or not run has no samples and is never charted or ranked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
 }
 
 /// One request.
@@ -99,6 +105,10 @@ pub struct Sample {
     pub text_chunks: u32,
     pub finish_reason: Option<String>,
     pub error: Option<String>,
+    /// matrix decode: still streaming at the cell's deadline, so dropped; neither failed nor
+    /// completed (the tokens it received before the deadline count toward total tok/s).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut: bool,
     /// live-stream: how late the query was sent after it fell due (one query in flight at a
     /// time, so a query due while the last one runs waits for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -8,6 +8,7 @@ use crate::client::{Client, Usage};
 use crate::exec::{self, Progress};
 use crate::hardware::Hardware;
 use crate::live::entries::CountMethod;
+use crate::matrix::MatrixCell;
 use crate::result::{Point, RunFile, TargetRun, SCHEMA};
 use crate::workload::{plan, PlannedPoint, Settings, Shape, Workload};
 use crate::BenchError;
@@ -95,7 +96,8 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
             .and_then(|m| m.get("max_model_len"))
             .and_then(Value::as_u64);
         if let Some(len) = max_model_len {
-            if let Some(p) = points.iter().find(|p| u64::from(p.context_need()) > len) {
+            let refused = |p: &&PlannedPoint| !p.marks_over_capacity() && !fits(p, Some(len));
+            if let Some(p) = points.iter().find(refused) {
                 return Err(BenchError::Setting(format!(
                     "{}: point `{}` needs {} tokens of context; the server has {len}",
                     target.name,
@@ -114,8 +116,16 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
             let (record, measured) = crate::live::run_target(&ctx, &points).await?;
             (None, Some(record), measured)
         } else {
-            let (c, m) =
-                measure_points(opts, target, &client, &model, &points, tokenizer.as_ref()).await?;
+            let (c, m) = measure_points(
+                opts,
+                target,
+                &client,
+                &model,
+                &points,
+                tokenizer.as_ref(),
+                max_model_len,
+            )
+            .await?;
             (Some(c), None, m)
         };
         runs.push(TargetRun {
@@ -159,9 +169,12 @@ async fn measure_points(
     model: &str,
     points: &[PlannedPoint],
     tokenizer: Option<&tokenizers::Tokenizer>,
+    max_model_len: Option<u64>,
 ) -> Result<(CalibrationRecord, Vec<Point>), BenchError> {
     let target_name = &target.name;
-    let longest = points.iter().map(longest_prompt).max().unwrap_or(0);
+    // Matrix cells too long for the target are marked, never sent: not calibrated for either.
+    let fitting = points.iter().filter(|p| fits(p, max_model_len));
+    let longest = fitting.map(longest_prompt).max().unwrap_or(0);
     let pricer = match tokenizer {
         Some(t) => Pricer::Local(t),
         None => Pricer::Remote(prompt_counter(client, model).await?),
@@ -195,8 +208,10 @@ async fn measure_points(
             settings: &opts.settings,
             completion_base: calibration.completion_base_tokens,
             chat_base: calibration.chat_base_tokens,
+            max_model_len,
         };
-        measured.push(exec::run_point(&ctx, &mut composer, point, &progress).await?);
+        let p = exec::run_point(&ctx, &mut composer, point, &measured, &progress).await?;
+        measured.push(p);
     }
     Ok((calibration, measured))
 }
@@ -206,12 +221,19 @@ async fn serves_sessions(client: &Client) -> bool {
     client.get_json("/v1/sessions").await.is_ok()
 }
 
+/// Whether the point's prompt and output fit the target's context (unknown: assumed to).
+fn fits(p: &PlannedPoint, max_model_len: Option<u64>) -> bool {
+    max_model_len.is_none_or(|len| u64::from(p.context_need()) <= len)
+}
+
 fn longest_prompt(p: &PlannedPoint) -> u32 {
     match p.shape {
         Shape::Requests { prompt_tokens, .. } => prompt_tokens,
         Shape::AgentLoop { prefix_tokens, .. } => prefix_tokens,
         Shape::Traffic(t) => t.prefix_tokens,
         Shape::LiveStream { stream, .. } => stream.window_tokens,
+        Shape::Matrix(MatrixCell::Prefill { context }) => context,
+        Shape::Matrix(MatrixCell::Decode(d)) => d.context,
     }
 }
 

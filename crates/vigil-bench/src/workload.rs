@@ -1,5 +1,6 @@
 //! The workloads, their settings, and the points each one measures.
 
+use crate::matrix::{DecodeShape, MatrixCell};
 use crate::traffic::TrafficShape;
 use crate::BenchError;
 use serde::{Deserialize, Serialize};
@@ -27,10 +28,13 @@ pub enum Workload {
     /// A stream of entries pushed at a fixed cadence, queried as it grows: Flash Query and cold
     /// query on a session (where the target serves sessions), stateless replay everywhere.
     LiveStream,
+    /// The speed-test matrix: prefill speed per context length, then sustained decode for a
+    /// fixed time per (context × concurrency) cell.
+    Matrix,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 8] = [
+    pub const ALL: [Workload; 9] = [
         Workload::Single,
         Workload::Concurrent,
         Workload::Prefill,
@@ -39,6 +43,7 @@ impl Workload {
         Workload::LiveStream,
         Workload::Sustained,
         Workload::Burst,
+        Workload::Matrix,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,13 +56,16 @@ impl Workload {
             Workload::LiveStream => "live-stream",
             Workload::Sustained => "sustained",
             Workload::Burst => "burst",
+            Workload::Matrix => "matrix",
         }
     }
 
     /// The endpoint the workload's requests go to.
     pub fn endpoint(self) -> &'static str {
         match self {
-            Workload::Single | Workload::Concurrent | Workload::Prefill => "/v1/completions",
+            Workload::Single | Workload::Concurrent | Workload::Prefill | Workload::Matrix => {
+                "/v1/completions"
+            }
             _ => "/v1/chat/completions",
         }
     }
@@ -82,7 +90,7 @@ impl FromStr for Workload {
             .find(|w| w.name() == s)
             .ok_or_else(|| {
                 BenchError::Setting(format!(
-                    "unknown workload `{s}` (one of single, concurrent, prefill, agent-loop, tool-loop, live-stream, sustained, burst)"
+                    "unknown workload `{s}` (one of single, concurrent, prefill, agent-loop, tool-loop, live-stream, sustained, burst, matrix)"
                 ))
             })
     }
@@ -136,6 +144,12 @@ pub struct Settings {
     /// `iterations`); on a CPU these take seconds each, flash answers milliseconds.
     pub replay_iterations: Option<u32>,
     pub cold_iterations: Option<u32>,
+    /// matrix: context lengths (rows) and simultaneous requests (columns); each decode cell
+    /// runs `matrix_duration_s` seconds of requests asking `matrix_max_output` tokens.
+    pub matrix_contexts: Vec<u32>,
+    pub matrix_concurrency: Vec<u32>,
+    pub matrix_duration_s: u32,
+    pub matrix_max_output: u32,
     /// What every request asks: temperature 0, `ignore_eos`, `min_tokens` = `max_tokens`.
     pub temperature: f64,
     pub ignore_eos: bool,
@@ -174,6 +188,10 @@ impl Default for Settings {
             answer_tokens: 16,
             replay_iterations: None,
             cold_iterations: None,
+            matrix_contexts: vec![1024, 4096],
+            matrix_concurrency: vec![1, 2, 4, 8],
+            matrix_duration_s: 30,
+            matrix_max_output: 512,
             temperature: 0.0,
             ignore_eos: true,
             min_tokens_equal_max_tokens: true,
@@ -204,6 +222,8 @@ pub enum Shape {
     LiveStream { mode: LiveMode, stream: StreamShape },
     /// Workflows in flight over a window (sustained) or dropped at once (burst).
     Traffic(TrafficShape),
+    /// A cell of the speed-test matrix: prefill at a context length, or sustained decode.
+    Matrix(MatrixCell),
 }
 
 /// How a live-stream query is answered.
@@ -288,6 +308,15 @@ impl PlannedPoint {
                 ("turns", t.turns),
                 ("turn_tokens", t.turn_tokens),
             ],
+            Shape::Matrix(MatrixCell::Prefill { context }) => {
+                vec![("context", context), ("max_tokens", 1), ("concurrency", 1)]
+            }
+            Shape::Matrix(MatrixCell::Decode(d)) => vec![
+                ("context", d.context),
+                ("concurrency", d.concurrency),
+                ("duration_s", d.duration_s),
+                ("max_tokens", d.max_tokens),
+            ],
         };
         pairs
             .into_iter()
@@ -315,7 +344,15 @@ impl PlannedPoint {
                 s.window_tokens + s.answer_tokens + LIVE_QUERY_ROOM
             }
             Shape::Traffic(t) => t.prefix_tokens + t.turns * (t.turn_tokens + 16),
+            Shape::Matrix(MatrixCell::Prefill { context }) => context + 1,
+            Shape::Matrix(MatrixCell::Decode(d)) => d.context + d.max_tokens,
         }
+    }
+
+    /// Whether a point too large for the target is recorded as over capacity (a matrix cell)
+    /// rather than refused before the run.
+    pub fn marks_over_capacity(&self) -> bool {
+        matches!(self.shape, Shape::Matrix(_))
     }
 
     /// Whether the point runs only on targets that serve sessions.
@@ -323,7 +360,7 @@ impl PlannedPoint {
         match self.shape {
             Shape::AgentLoop { held, .. } => held,
             Shape::LiveStream { mode, .. } => mode.needs_sessions(),
-            Shape::Requests { .. } | Shape::Traffic(_) => false,
+            Shape::Requests { .. } | Shape::Traffic(_) | Shape::Matrix(_) => false,
         }
     }
 
@@ -515,8 +552,45 @@ pub fn plan(workload: Workload, s: &Settings) -> Result<Vec<PlannedPoint>, Bench
                 }),
             }]
         }
+        Workload::Matrix => {
+            nonzero("matrix contexts", &s.matrix_contexts)?;
+            nonzero("matrix concurrency", &s.matrix_concurrency)?;
+            nonzero(
+                "matrix duration and max output",
+                &[s.matrix_duration_s, s.matrix_max_output],
+            )?;
+            matrix_points(s)
+        }
     };
     Ok(points)
+}
+
+/// Prefill at each context, then the decode cells, a row per context (both ascending): a cell
+/// is skipped when a lower concurrency of its row failed, so each row runs in rising order.
+fn matrix_points(s: &Settings) -> Vec<PlannedPoint> {
+    let sorted = |v: &[u32]| {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let (contexts, levels) = (sorted(&s.matrix_contexts), sorted(&s.matrix_concurrency));
+    let prefill = contexts.iter().map(|&context| PlannedPoint {
+        label: format!("prefill ctx={context}"),
+        shape: Shape::Matrix(MatrixCell::Prefill { context }),
+    });
+    let decode = contexts.iter().flat_map(|&context| {
+        levels.iter().map(move |&concurrency| PlannedPoint {
+            label: format!("ctx={context} c={concurrency}"),
+            shape: Shape::Matrix(MatrixCell::Decode(DecodeShape {
+                context,
+                concurrency,
+                duration_s: s.matrix_duration_s,
+                max_tokens: s.matrix_max_output,
+            })),
+        })
+    });
+    prefill.chain(decode).collect()
 }
 
 #[cfg(test)]
@@ -560,7 +634,7 @@ mod tests {
             "agent-loop".parse::<Workload>().unwrap(),
             Workload::AgentLoop
         );
-        assert!("matrix".parse::<Workload>().is_err());
+        assert!("matrices".parse::<Workload>().is_err());
     }
 
     #[test]
@@ -587,5 +661,44 @@ mod tests {
             "live-stream".parse::<Workload>().unwrap(),
             Workload::LiveStream
         );
+    }
+
+    #[test]
+    fn matrix_plans_prefill_then_rows_of_decode_cells() {
+        let s = Settings {
+            matrix_contexts: vec![4096, 1024, 1024],
+            matrix_concurrency: vec![4, 1],
+            matrix_duration_s: 5,
+            matrix_max_output: 64,
+            ..Settings::default()
+        };
+        let m = plan(Workload::Matrix, &s).unwrap();
+        let labels: Vec<&str> = m.iter().map(|p| p.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "prefill ctx=1024",
+                "prefill ctx=4096",
+                "ctx=1024 c=1",
+                "ctx=1024 c=4",
+                "ctx=4096 c=1",
+                "ctx=4096 c=4"
+            ]
+        );
+        assert_eq!(m[1].context_need(), 4097);
+        assert_eq!(m[1].params()["context"], 4096);
+        assert_eq!(m[1].params()["max_tokens"], 1);
+        assert_eq!(m[1].measured_requests(&s), 20);
+        assert_eq!(m[5].context_need(), 4096 + 64);
+        assert_eq!(m[5].params()["concurrency"], 4);
+        assert_eq!(m[5].params()["duration_s"], 5);
+        assert!(m.iter().all(PlannedPoint::marks_over_capacity));
+        assert!(!plan(Workload::Single, &s).unwrap()[0].marks_over_capacity());
+        let no_time = Settings {
+            matrix_duration_s: 0,
+            ..s
+        };
+        assert!(plan(Workload::Matrix, &no_time).is_err());
+        assert_eq!("matrix".parse::<Workload>().unwrap(), Workload::Matrix);
     }
 }

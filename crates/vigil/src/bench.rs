@@ -24,7 +24,8 @@ struct RunArgs {
     /// A server to measure, as NAME=URL (repeatable), e.g. vigil=http://127.0.0.1:8080.
     #[arg(long = "target", required = true)]
     targets: Vec<String>,
-    /// single, concurrent, prefill, agent-loop, tool-loop, live-stream, sustained or burst.
+    /// single, concurrent, prefill, agent-loop, tool-loop, live-stream, sustained, burst or
+    /// matrix.
     #[arg(long)]
     workload: String,
     /// Directory for the result file.
@@ -124,6 +125,18 @@ struct RunArgs {
     /// live-stream: measured cold queries per session target [default: --iterations].
     #[arg(long)]
     cold_iterations: Option<u32>,
+    /// matrix: context lengths, the grid's rows [default: 1024,4096].
+    #[arg(long, value_delimiter = ',')]
+    matrix_contexts: Option<Vec<u32>>,
+    /// matrix: simultaneous requests, the grid's columns [default: 1,2,4,8].
+    #[arg(long, value_delimiter = ',')]
+    matrix_concurrency: Option<Vec<u32>>,
+    /// matrix: seconds of sustained decode per cell [default: 30].
+    #[arg(long)]
+    matrix_duration_seconds: Option<u32>,
+    /// matrix: tokens each decode request asks for [default: 512].
+    #[arg(long)]
+    matrix_max_output: Option<u32>,
     /// The servers' prefix-cache setting, recorded in the result file (the harness cannot see it).
     #[arg(long)]
     prefix_cache: Option<String>,
@@ -185,6 +198,10 @@ fn run_workload(a: RunArgs) -> Result<()> {
         answer_tokens: a.answer_tokens.unwrap_or(d.answer_tokens),
         replay_iterations: a.replay_iterations.or(d.replay_iterations),
         cold_iterations: a.cold_iterations.or(d.cold_iterations),
+        matrix_contexts: a.matrix_contexts.unwrap_or(d.matrix_contexts),
+        matrix_concurrency: a.matrix_concurrency.unwrap_or(d.matrix_concurrency),
+        matrix_duration_s: a.matrix_duration_seconds.unwrap_or(d.matrix_duration_s),
+        matrix_max_output: a.matrix_max_output.unwrap_or(d.matrix_max_output),
         prefix_cache: a.prefix_cache.unwrap_or(d.prefix_cache),
         ..d
     };

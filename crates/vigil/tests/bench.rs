@@ -173,26 +173,160 @@ fn check_file(file: &Value, workload: &str, labels: &[&str]) -> Vec<Value> {
             let (ttft, e2e) = (num(&s["ttft_ms"], "ttft_ms"), num(&s["e2e_ms"], "e2e_ms"));
             assert!(ttft > 0.0 && ttft <= e2e, "{label}: {s}");
         }
-        let metrics = p["metrics"].as_object().expect("metrics");
-        for key in ["ttft_ms", "e2e_ms", "output_tok_s"] {
-            assert!(metrics.contains_key(key), "{label} lacks {key}");
-        }
-        for (key, m) in metrics {
-            let q = |k: &str| num(&m[k], &format!("{label} {key}.{k}"));
-            assert!(
-                q("min") <= q("p50") && q("p50") <= q("p95"),
-                "{label} {key}: {m}"
-            );
-            assert!(
-                q("p95") <= q("p99") && q("p99") <= q("max"),
-                "{label} {key}: {m}"
-            );
-        }
+        check_summaries(p, &["ttft_ms", "e2e_ms", "output_tok_s"]);
         for v in p["throughput"].as_object().expect("throughput").values() {
             assert!(num(v, "throughput") > 0.0);
         }
     }
     points
+}
+
+/// The point has each of `keys` among its summaries, and every summary is numbers in order.
+fn check_summaries(p: &Value, keys: &[&str]) {
+    let label = &p["label"];
+    let metrics = p["metrics"].as_object().expect("metrics");
+    for key in keys {
+        assert!(metrics.contains_key(*key), "{label} lacks {key}");
+    }
+    for (key, m) in metrics {
+        let q = |k: &str| num(&m[k], &format!("{label} {key}.{k}"));
+        assert!(
+            q("min") <= q("p50") && q("p50") <= q("p95"),
+            "{label} {key}: {m}"
+        );
+        assert!(
+            q("p95") <= q("p99") && q("p99") <= q("max"),
+            "{label} {key}: {m}"
+        );
+    }
+}
+
+/// GET `path` from the server as JSON (plain HTTP/1.1 over a socket).
+fn get_json(url: &str, path: &str) -> Value {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut sock = std::net::TcpStream::connect(addr).expect("connect to the server");
+    write!(
+        sock,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut reply = String::new();
+    sock.read_to_string(&mut reply).expect("read the reply");
+    let (_, body) = reply.split_once("\r\n\r\n").expect("a body");
+    serde_json::from_str(body).expect("a JSON body")
+}
+
+/// The matrix file: contexts 64, 256 and 2048 (over max_model_len with any output) × 1, 2 and
+/// 4096 requests (over the KV cache from 64 tokens up), 2 s of 16-token requests per cell.
+fn check_matrix(file: &Value, url: &str) {
+    assert_eq!(file["schema"], "vigil-bench/1");
+    assert_eq!(file["workload"], "matrix");
+    let health = get_json(url, "/health");
+    let kv = num(&health["kv_pages_total"], "pages") * num(&health["kv_page_tokens"], "page");
+    assert!(
+        (256.0 * 2.0..64.0 * 4096.0).contains(&kv),
+        "KV cache of {kv} tokens"
+    );
+    let t = &file["targets"][0];
+    assert_eq!(num(&t["max_model_len"], "max_model_len"), 2048.0);
+    // Nothing over max_model_len is calibrated (or sent).
+    assert_eq!(num(&t["calibration"]["check"]["target"], "check"), 256.0);
+    let points = t["points"].as_array().expect("points");
+    let got: Vec<(&str, &str)> = (points.iter())
+        .map(|p| {
+            (
+                p["label"].as_str().unwrap_or("?"),
+                p["status"].as_str().unwrap_or("?"),
+            )
+        })
+        .collect();
+    let (ok, over) = ("valid", "over capacity");
+    assert_eq!(
+        got,
+        [
+            ("prefill ctx=64", ok),
+            ("prefill ctx=256", ok),
+            ("prefill ctx=2048", over),
+            ("ctx=64 c=1", ok),
+            ("ctx=64 c=2", ok),
+            ("ctx=64 c=4096", over),
+            ("ctx=256 c=1", ok),
+            ("ctx=256 c=2", ok),
+            ("ctx=256 c=4096", over),
+            ("ctx=2048 c=1", over),
+            ("ctx=2048 c=2", over),
+            ("ctx=2048 c=4096", over),
+        ]
+    );
+    for p in points {
+        let label = &p["label"];
+        let samples = p["samples"].as_array().expect("samples");
+        if p["status"] == over {
+            // Never sent: no samples, no numbers, the reason instead.
+            assert!(
+                samples.is_empty() && p["metrics"] == serde_json::json!({}),
+                "{p}"
+            );
+            assert_eq!(p["throughput"], serde_json::json!({}), "{label}");
+            let why = p["errors"][0].as_str().unwrap_or_default();
+            let reason = if param(p, "context") == 2048.0 {
+                "max_model_len is 2048".to_string()
+            } else {
+                format!("KV cache of {kv} tokens")
+            };
+            assert!(why.contains(&reason), "{label}: {why}");
+            continue;
+        }
+        assert_eq!(p["excluded"], false, "{label}: {}", p["errors"]);
+        assert_eq!(p["failed"], 0, "{label}");
+        assert!(samples.iter().all(|s| s["error"].is_null()), "{label}");
+        let tp = &p["throughput"];
+        if p["params"].get("duration_s").is_none() {
+            check_summaries(p, &["prompt_tok_s", "ttft_ms"]);
+            assert!(tp.get("output_tok_s").is_none(), "{label}: {tp}");
+            assert_eq!(samples.len(), 3, "{label}");
+            for s in samples {
+                let prompt = num(&s["prompt_tokens"], "prompt");
+                let ctx = param(p, "context");
+                assert!((prompt - ctx).abs() <= 0.02 * ctx + 1.0, "{label}: {s}");
+                assert_eq!(num(&s["output_tokens"], "output"), 1.0, "{label}: {s}");
+            }
+            continue;
+        }
+        check_summaries(p, &["ttft_ms", "itl_ms", "generation_tok_s", "e2e_ms"]);
+        let n = param(p, "concurrency");
+        assert_eq!(param(p, "duration_s"), 2.0);
+        assert_eq!(
+            num(&p["measured_requests"], "measured") as usize,
+            samples.len()
+        );
+        // All the streams ran at once; on average fewer (each prefill and reply in between).
+        assert_eq!(num(&tp["peak_active"], "peak"), n, "{label}: {tp}");
+        let active = num(&tp["average_active"], "average active");
+        assert!(active > 0.0 && active <= n, "{label}: {tp}");
+        // Requests in flight at the deadline were cut: at most one per stream, none failed.
+        let cut: Vec<&Value> = samples.iter().filter(|s| s["cut"] == true).collect();
+        assert!(cut.len() as f64 <= n, "{label}");
+        let completed = samples.len() - cut.len();
+        assert_eq!(
+            num(&tp["completed_requests"], "completed"),
+            completed as f64
+        );
+        assert!(completed >= 2, "{label}: {completed} completed in 2 s");
+        let mut tokens = 0.0;
+        for s in samples {
+            assert!(num(&s["start_ms"], "start") < 2000.0, "{label}: {s}");
+            let out = s["output_tokens"].as_f64().unwrap_or(0.0);
+            if s["cut"] != true {
+                assert_eq!(out, 16.0, "{label}: {s}");
+            }
+            tokens += out;
+        }
+        assert_eq!(num(&tp["output_tokens"], "output tokens"), tokens);
+        let total = num(&tp["output_tok_s"], "total tok/s");
+        assert!((total - tokens / 2.0).abs() < 1e-9, "{label}: {tp}");
+    }
 }
 
 /// The live-stream file: the stream, the session and the three phases.
@@ -504,11 +638,25 @@ fn bench_every_workload_then_report() {
     );
     check_live(&live);
 
+    let matrix = bench(
+        &server,
+        &url,
+        &results,
+        "matrix",
+        &[
+            "--matrix-contexts=64,256,2048",
+            "--matrix-concurrency=1,2,4096",
+            "--matrix-duration-seconds=2",
+            "--matrix-max-output=16",
+        ],
+    );
+    check_matrix(&matrix, &url);
+
     let files: Vec<PathBuf> = std::fs::read_dir(&results)
         .expect("results dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
-    assert_eq!(files.len(), 8);
+    assert_eq!(files.len(), 9);
     let report = dir.join("report");
     let out = Command::new(VIGIL)
         .args(["bench", "report"])
@@ -523,7 +671,7 @@ fn bench_every_workload_then_report() {
         String::from_utf8_lossy(&out.stderr)
     );
     let md = std::fs::read_to_string(report.join("report.md")).expect("report.md");
-    assert_eq!(md.matches("\n| point | metric |").count(), 8, "{md}");
+    assert_eq!(md.matches("\n| point | metric |").count(), 9, "{md}");
     for w in [
         "single",
         "concurrent",
@@ -533,6 +681,7 @@ fn bench_every_workload_then_report() {
         "live-stream",
         "sustained",
         "burst",
+        "matrix",
     ] {
         assert_eq!(md.matches(&format!("\n## {w}\n")).count(), 1, "{w}");
     }
@@ -549,10 +698,28 @@ fn bench_every_workload_then_report() {
         md.contains("| vigil ") && md.contains("Stream: entries of about 24 tokens every 200 ms")
     );
     assert!(md.contains("flash 2, cold 2, replay 3."), "{md}");
+    // matrix: the grid, cells over capacity named as such, never given a value.
+    assert!(md.contains("\n| context | 1 | 2 | 4096 |\n"), "{md}");
+    assert!(
+        md.contains("\n| 2048 | over capacity | over capacity | over capacity |\n"),
+        "{md}"
+    );
+    let row_64 = md
+        .lines()
+        .find(|l| l.starts_with("| 64 | "))
+        .expect("the 64-token row");
+    assert!(
+        row_64.ends_with("| over capacity |") && row_64.matches(" ms TTFT").count() == 2,
+        "{row_64}"
+    );
+    assert!(md.contains("- over capacity: not run:"), "{md}");
     let html = std::fs::read_to_string(report.join("report.html")).expect("report.html");
     // Charts: 4 metrics (single) + 5 (concurrent) + 2 (prefill) + 4 (agent loop) + 4 (tool
-    // loop) + 5 (live) + 7 (sustained) + 7 (burst).
-    assert_eq!(check_balanced(&html), 38);
+    // loop) + 5 (live) + 7 (sustained) + 7 (burst) + 5 (matrix).
+    assert_eq!(check_balanced(&html), 43);
+    // Cells not run are in no table row or chart, only in the grid as what they are.
+    assert!(!html.contains("ctx=2048") && !html.contains("c=4096"));
+    assert_eq!(html.matches("<td>over capacity</td>").count(), 5);
     assert!(html.matches("<rect").count() >= 20);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);

@@ -510,6 +510,7 @@ fn plain_sample(t0: Instant, start: Instant, end: Instant, requested: u32) -> Sa
         text_chunks: 0,
         finish_reason: None,
         error: None,
+        cut: false,
         late_ms: None,
         window_entries: None,
         flash: None,

@@ -68,6 +68,9 @@ pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String
             }
             h.push_str("</table>\n");
         }
+        if t.workload == crate::workload::Workload::Matrix {
+            matrix_grids(&mut h, files);
+        }
         for m in super::metrics_of(t.workload) {
             let rows: Vec<&Row> = t.rows.iter().filter(|r| r.metric.key == m.key).collect();
             chart(&mut h, t, &rows);
@@ -110,6 +113,9 @@ fn table(h: &mut String, t: &Table) {
                 }
                 Cell::Excluded { failed } => {
                     format!("<span class=\"excl\">excluded ({failed} failed)</span>")
+                }
+                Cell::Skipped { status } => {
+                    format!("<span class=\"excl\">{}</span>", status.label())
                 }
                 Cell::Missing => "–".to_string(),
             };
@@ -186,10 +192,10 @@ fn chart(h: &mut String, t: &Table, rows: &[&Row]) {
                     );
                 }
                 _ => {
-                    let why = if matches!(c, Cell::Excluded { .. }) {
-                        "excluded"
-                    } else {
-                        "no value"
+                    let why = match c {
+                        Cell::Excluded { .. } => "excluded",
+                        Cell::Skipped { status } => status.label(),
+                        _ => "no value",
                     };
                     let _ = writeln!(
                         h,
@@ -203,6 +209,40 @@ fn chart(h: &mut String, t: &Table, rows: &[&Row]) {
         }
     }
     h.push_str("</svg>\n");
+}
+
+/// matrix: a grid per target, rows of contexts and columns of simultaneous requests.
+fn matrix_grids(h: &mut String, files: &[RunFile]) {
+    for g in super::matrix::grids(files) {
+        let _ = write!(
+            h,
+            "<h3>Sustained decode: {}</h3>\n<p>Total output tok/s · TTFT (p50); rows are context \
+             length in tokens, columns simultaneous requests.</p>\n<table>\n<tr><th>context</th>",
+            esc(&g.heading)
+        );
+        for n in &g.concurrency {
+            let _ = write!(h, "<th>{n}</th>");
+        }
+        h.push_str("</tr>\n");
+        for (ctx, cells) in &g.rows {
+            let _ = write!(h, "<tr><th>{ctx}</th>");
+            for c in cells {
+                let _ = write!(h, "<td>{}</td>", esc(c));
+            }
+            h.push_str("</tr>\n");
+        }
+        h.push_str("</table>\n");
+        if !g.prefill.is_empty() {
+            h.push_str("<p>Prefill (one request, one output token; p50):</p>\n<ul>\n");
+            for (ctx, text) in &g.prefill {
+                let _ = writeln!(h, "<li>{ctx} tokens: {}</li>", esc(text));
+            }
+            h.push_str("</ul>\n");
+        }
+        for s in &g.statuses {
+            let _ = writeln!(h, "<p>{}: {}.</p>", s.label(), esc(s.meaning()));
+        }
+    }
 }
 
 /// XML text escaping (also safe in attributes).

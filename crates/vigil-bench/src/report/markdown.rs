@@ -71,6 +71,7 @@ pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String
                         _ => format!("**{}**{star}", fmt_num(*p50)),
                     },
                     Cell::Excluded { failed } => format!("excluded ({failed} failed)"),
+                    Cell::Skipped { status } => status.label().to_string(),
                     Cell::Missing => "–".to_string(),
                 };
                 let _ = write!(md, " {text} |");
@@ -83,8 +84,46 @@ pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String
         if let Some((heads, rows)) = super::live_ratios(t) {
             live_section(&mut md, files, &heads, &rows);
         }
+        if t.workload == Workload::Matrix {
+            matrix_section(&mut md, files);
+        }
     }
     md
+}
+
+/// matrix: a grid per target, rows of contexts and columns of simultaneous requests.
+fn matrix_section(md: &mut String, files: &[RunFile]) {
+    for g in super::matrix::grids(files) {
+        let _ = write!(
+            md,
+            "\n### Sustained decode: {}\n\nTotal output tok/s · TTFT (p50); rows are context \
+             length in tokens, columns simultaneous requests.\n\n| context |",
+            esc(&g.heading)
+        );
+        for n in &g.concurrency {
+            let _ = write!(md, " {n} |");
+        }
+        let _ = writeln!(md, "\n|---|{}", "---|".repeat(g.concurrency.len()));
+        for (ctx, cells) in &g.rows {
+            let _ = write!(md, "| {ctx} |");
+            for c in cells {
+                let _ = write!(md, " {} |", esc(c));
+            }
+            md.push('\n');
+        }
+        if !g.prefill.is_empty() {
+            md.push_str("\nPrefill (one request, one output token; p50):\n\n");
+            for (ctx, text) in &g.prefill {
+                let _ = writeln!(md, "- {ctx} tokens: {}", esc(text));
+            }
+        }
+        if !g.statuses.is_empty() {
+            md.push('\n');
+        }
+        for s in &g.statuses {
+            let _ = writeln!(md, "- {}: {}.", s.label(), s.meaning());
+        }
+    }
 }
 
 /// live-stream: how the stream ran on each target, and the replay ratios.

@@ -2,11 +2,14 @@
 //!
 //! One table per workload, engines side by side: p50 large, p95/p99 beneath, the best value of
 //! each row marked whichever engine produced it, and a ratio naming both values it came from.
-//! Excluded points (any failed request) are shown as such and never ranked or charted.
+//! Excluded points (any failed request) are shown as such and never ranked or charted, nor are
+//! matrix cells that were not run (over capacity, not run).
 
 mod html;
 mod markdown;
+mod matrix;
 
+use crate::matrix::CellStatus;
 use crate::result::{Point, RunFile};
 use crate::workload::{LiveMode, Workload};
 use crate::BenchError;
@@ -140,6 +143,25 @@ pub fn metrics_of(workload: Workload) -> Vec<MetricSpec> {
             ),
             spec("late_queries", "queries sent late", "count", false, true),
         ],
+        Workload::Matrix => vec![
+            spec(
+                "output_tok_s",
+                "total output tok/s (all requests)",
+                "tok/s",
+                true,
+                true,
+            ),
+            spec(
+                "generation_tok_s",
+                "output tok/s per request",
+                "tok/s",
+                true,
+                false,
+            ),
+            TTFT,
+            ITL,
+            spec("prompt_tok_s", "prompt tok/s", "tok/s", true, false),
+        ],
     }
 }
 
@@ -154,12 +176,20 @@ pub enum Cell {
     Excluded {
         failed: u32,
     },
+    /// A matrix cell that was not run (over capacity, not run): no value, shown as its status.
+    Skipped {
+        status: CellStatus,
+    },
     Missing,
 }
 
 impl Cell {
     fn of(point: Option<&Point>, m: &MetricSpec) -> Cell {
         let Some(p) = point else { return Cell::Missing };
+        let status = p.status.as_deref().and_then(CellStatus::parse);
+        if let Some(status) = status.filter(|s| s.skipped()) {
+            return Cell::Skipped { status };
+        }
         if p.excluded {
             return Cell::Excluded { failed: p.failed };
         }
@@ -263,8 +293,13 @@ pub fn tables(files: &[RunFile]) -> Vec<Table> {
                     let cells: Vec<Cell> = (0..columns.len())
                         .map(|c| Cell::of(data.get(&(c, point.clone())), &m))
                         .collect();
-                    if cells.iter().all(|c| *c == Cell::Missing) {
-                        continue; // a metric the point cannot have (TTFT of a flash answer)
+                    if cells
+                        .iter()
+                        .all(|c| matches!(c, Cell::Missing | Cell::Skipped { .. }))
+                    {
+                        // A metric the point cannot have (TTFT of a flash answer), or a matrix
+                        // cell no target ran.
+                        continue;
                     }
                     let (best, ratio) = rank(&columns, &cells, &m);
                     rows.push(Row {
