@@ -322,13 +322,7 @@ pub fn to_sample(
         text_chunks: s.text_chunks,
         finish_reason: s.finish_reason.clone(),
         error,
-        cut: false,
-        late_ms: None,
-        window_entries: None,
-        flash: None,
-        lag: None,
-        stale: None,
-        data_version: None,
+        ..Sample::default()
     }
 }
 

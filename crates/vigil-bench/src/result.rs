@@ -84,7 +84,7 @@ pub struct Point {
 }
 
 /// One request.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Sample {
     pub warmup: bool,
     /// Iteration within the point (agent loop: the loop; otherwise the request).

@@ -496,27 +496,10 @@ fn ms(from: Instant, to: Instant) -> f64 {
 /// A sample of a request answered in one JSON body (no stream, so no first-token time).
 fn plain_sample(t0: Instant, start: Instant, end: Instant, requested: u32) -> Sample {
     Sample {
-        warmup: false,
-        iteration: 0,
-        turn: None,
         start_ms: ms(t0, start),
-        ttft_ms: None,
         e2e_ms: ms(start, end),
-        itl_ms: None,
         requested_tokens: requested,
-        prompt_tokens: None,
-        cached_tokens: None,
-        output_tokens: None,
-        text_chunks: 0,
-        finish_reason: None,
-        error: None,
-        cut: false,
-        late_ms: None,
-        window_entries: None,
-        flash: None,
-        lag: None,
-        stale: None,
-        data_version: None,
+        ..Sample::default()
     }
 }
 
