@@ -3,7 +3,7 @@
 //! for a fixed time. A cell the target cannot hold (`max_model_len`, or its KV cache as Vigil's
 //! `/health` reports it) is marked over capacity and not run; a cell after a failed one in its
 //! row is not run; a cell whose N requests were never all generating at once is marked
-//! requests queued (the server ran fewer at a time).
+//! requests queued (the server ran fewer at a time), or no token in time (none started).
 
 use crate::calibrate::Composer;
 use crate::exec::{self, to_sample, Ctx, Progress};
@@ -40,15 +40,17 @@ pub struct DecodeShape {
 pub enum CellStatus {
     Valid,
     RequestsQueued,
+    NoTokens,
     OverCapacity,
     NotRun,
     Failed,
 }
 
 impl CellStatus {
-    pub const ALL: [CellStatus; 5] = [
+    pub const ALL: [CellStatus; 6] = [
         CellStatus::Valid,
         CellStatus::RequestsQueued,
+        CellStatus::NoTokens,
         CellStatus::OverCapacity,
         CellStatus::NotRun,
         CellStatus::Failed,
@@ -58,6 +60,7 @@ impl CellStatus {
         match self {
             CellStatus::Valid => "valid",
             CellStatus::RequestsQueued => "requests queued",
+            CellStatus::NoTokens => "no token in time",
             CellStatus::OverCapacity => "over capacity",
             CellStatus::NotRun => "not run",
             CellStatus::Failed => "failed",
@@ -68,9 +71,12 @@ impl CellStatus {
         CellStatus::ALL.into_iter().find(|c| c.label() == s)
     }
 
-    /// Not measured: nothing to show, chart or rank.
+    /// Nothing measured (not run, or no token arrived): nothing to show, chart or rank.
     pub fn skipped(self) -> bool {
-        matches!(self, CellStatus::OverCapacity | CellStatus::NotRun)
+        matches!(
+            self,
+            CellStatus::NoTokens | CellStatus::OverCapacity | CellStatus::NotRun
+        )
     }
 
     /// What the status means, as the report's notes say it.
@@ -79,6 +85,9 @@ impl CellStatus {
             CellStatus::Valid => "every request ran at once, none failed",
             CellStatus::RequestsQueued => {
                 "the server never had all the requests generating at once, so some waited in a queue"
+            }
+            CellStatus::NoTokens => {
+                "no request produced a token within the duration: they all waited behind prefill"
             }
             CellStatus::OverCapacity => {
                 "not run: this many requests at this context exceed the server's KV cache, or \
@@ -203,11 +212,14 @@ fn skipped(point: &PlannedPoint, status: CellStatus, why: String) -> Point {
     }
 }
 
-/// A measured cell's status: any failure fails it; fewer than `concurrency` requests
-/// generating at the busiest moment means the server queued some (prefill points: 0).
+/// A measured cell's status: any failure fails it; no request generating at any moment means
+/// no token came in time; fewer than `concurrency` generating at the busiest moment means the
+/// server queued some (prefill points: concurrency 0).
 pub fn classify(failed: u32, peak_active: u32, concurrency: u32) -> CellStatus {
     if failed > 0 {
         CellStatus::Failed
+    } else if concurrency > 0 && peak_active == 0 {
+        CellStatus::NoTokens
     } else if peak_active < concurrency {
         CellStatus::RequestsQueued
     } else {
@@ -215,8 +227,9 @@ pub fn classify(failed: u32, peak_active: u32, concurrency: u32) -> CellStatus {
     }
 }
 
-/// The decode cell: streams refilled as each request ends until the deadline, when the
-/// requests in flight are dropped.
+/// The decode cell: each stream's prompt is sent once untimed (1 token) so the server's
+/// prompt cache holds it, as the speed-test matrix does; then each stream re-sends its own
+/// prompt as its request ends, until the deadline, when the requests in flight are dropped.
 async fn run_decode(
     ctx: &Ctx<'_>,
     composer: &mut Composer,
@@ -224,31 +237,31 @@ async fn run_decode(
     d: DecodeShape,
     progress: &Progress,
 ) -> Result<Point, BenchError> {
+    let prompts = (0..d.concurrency)
+        .map(|_| Ok(composer.compose(d.context, ctx.completion_base)?.text))
+        .collect::<Result<Vec<String>, BenchError>>()?;
+    let mut samples = warm_prompt_cache(ctx, &prompts, progress).await;
     let phase = format!("{} s of decode", d.duration_s);
     progress.phase(&phase, d.concurrency);
     let duration = Duration::from_secs(u64::from(d.duration_s));
     let t0 = Instant::now();
     let deadline = t0 + duration;
     let mut in_flight = FuturesUnordered::new();
-    let mut samples = Vec::new();
-    let mut sent = 0u32;
-    loop {
-        if (in_flight.len() as u32) < d.concurrency && Instant::now() < deadline {
-            let prompt = composer.compose(d.context, ctx.completion_base)?.text;
-            let body = completion_body(ctx.model, &prompt, d.max_tokens, true);
-            let i = sent;
-            in_flight.push(async move {
-                let (s, cut) = (ctx.client)
-                    .stream_until("/v1/completions", &body, deadline)
-                    .await;
-                (i, s, cut)
-            });
-            sent += 1;
-            continue;
+    let send = |stream: usize, i: u32| {
+        let body = completion_body(ctx.model, &prompts[stream], d.max_tokens, true);
+        async move {
+            let (s, cut) = (ctx.client)
+                .stream_until("/v1/completions", &body, deadline)
+                .await;
+            (stream, i, s, cut)
         }
-        let Some((i, s, cut)) = in_flight.next().await else {
-            break;
-        };
+    };
+    let mut sent = 0u32;
+    for stream in 0..prompts.len() {
+        in_flight.push(send(stream, sent));
+        sent += 1;
+    }
+    while let Some((stream, i, s, cut)) = in_flight.next().await {
         let mut sample = to_sample(&s, t0, i, None, d.max_tokens, false);
         if cut {
             // Short of its tokens only because the time was up.
@@ -256,25 +269,45 @@ async fn run_decode(
             sample.error = None;
         }
         samples.push(sample);
+        if Instant::now() < deadline {
+            in_flight.push(send(stream, sent));
+            sent += 1;
+        }
         let elapsed = t0.elapsed().as_secs() as u32;
         progress.tick(&phase, elapsed.min(d.duration_s), d.duration_s, t0);
     }
     exec::in_send_order(&mut samples);
     let duration_ms = duration.as_secs_f64() * 1e3;
     let spans = generating(&samples, duration_ms);
-    let completed = samples.iter().filter(|s| !s.cut && s.error.is_none());
+    let measured = samples.iter().filter(|s| !s.warmup);
+    let completed = measured.clone().filter(|s| !s.cut && s.error.is_none());
     let completed = completed.count() as f64;
-    let tokens: u32 = (samples.iter())
-        .filter(|s| s.error.is_none())
+    let tokens: u32 = (measured.filter(|s| s.error.is_none()))
         .filter_map(|s| s.output_tokens)
         .sum();
-    let mut p = exec::summarize(point, samples, duration.as_secs_f64(), 0, sent);
+    let warm = prompts.len() as u32;
+    let mut p = exec::summarize(point, samples, duration.as_secs_f64(), warm, sent);
     let t = &mut p.throughput;
     t.insert("average_active".into(), average_active(&spans, duration_ms));
     t.insert("peak_active".into(), f64::from(peak_active(&spans)));
     t.insert("completed_requests".into(), completed);
     t.insert("output_tokens".into(), f64::from(tokens));
     Ok(p)
+}
+
+/// Each prompt once with 1 output token, all at once and untimed: warm-up samples (a failed
+/// one fails the cell like any other request).
+async fn warm_prompt_cache(ctx: &Ctx<'_>, prompts: &[String], progress: &Progress) -> Vec<Sample> {
+    progress.phase("prompt-cache warm-up", prompts.len() as u32);
+    let t0 = Instant::now();
+    let requests = prompts.iter().enumerate().map(|(i, prompt)| {
+        let body = completion_body(ctx.model, prompt, 1, true);
+        async move {
+            let s = ctx.client.stream("/v1/completions", &body).await;
+            to_sample(&s, t0, i as u32, None, 1, true)
+        }
+    });
+    futures_util::future::join_all(requests).await
 }
 
 /// When each request was generating, in ms from the phase start: first token to last token
@@ -382,12 +415,15 @@ mod tests {
     fn statuses_read_failures_and_queueing() {
         assert_eq!(classify(0, 4, 4), CellStatus::Valid);
         assert_eq!(classify(0, 1, 4), CellStatus::RequestsQueued);
+        assert_eq!(classify(0, 0, 4), CellStatus::NoTokens);
+        assert_eq!(classify(1, 0, 4), CellStatus::Failed);
         assert_eq!(classify(2, 4, 4), CellStatus::Failed);
         assert_eq!(classify(0, 0, 0), CellStatus::Valid);
         for s in CellStatus::ALL {
             assert_eq!(CellStatus::parse(s.label()), Some(s));
         }
         assert!(CellStatus::OverCapacity.skipped() && CellStatus::NotRun.skipped());
+        assert!(CellStatus::NoTokens.skipped());
         assert!(!CellStatus::RequestsQueued.skipped());
     }
 

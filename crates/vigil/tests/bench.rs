@@ -297,16 +297,34 @@ fn check_matrix(file: &Value, url: &str) {
         check_summaries(p, &["ttft_ms", "itl_ms", "generation_tok_s", "e2e_ms"]);
         let n = param(p, "concurrency");
         assert_eq!(param(p, "duration_s"), 2.0);
+        // Each stream's prompt went once, untimed and 1 token long, to warm the prompt cache;
+        // then every measured request re-sent one of those prompts and found it cached.
+        let (warm, samples): (Vec<&Value>, Vec<&Value>) =
+            samples.iter().partition(|s| s["warmup"] == true);
+        assert_eq!(num(&p["warmup_requests"], "warm-up") as usize, warm.len());
+        assert_eq!(warm.len() as f64, n, "{label}");
+        for s in &warm {
+            assert_eq!(num(&s["output_tokens"], "output"), 1.0, "{label}: {s}");
+        }
         assert_eq!(
             num(&p["measured_requests"], "measured") as usize,
             samples.len()
         );
+        for s in samples.iter().filter(|s| s["cut"] != true) {
+            let (prompt, cached) = (num(&s["prompt_tokens"], "prompt"), &s["cached_tokens"]);
+            // Vigil caches whole 16-token blocks and recomputes at least the last token.
+            assert!(num(cached, "cached") >= prompt - 16.0, "{label}: {s}");
+        }
         // All the streams ran at once; on average fewer (each prefill and reply in between).
         assert_eq!(num(&tp["peak_active"], "peak"), n, "{label}: {tp}");
         let active = num(&tp["average_active"], "average active");
         assert!(active > 0.0 && active <= n, "{label}: {tp}");
         // Requests in flight at the deadline were cut: at most one per stream, none failed.
-        let cut: Vec<&Value> = samples.iter().filter(|s| s["cut"] == true).collect();
+        let cut: Vec<&Value> = samples
+            .iter()
+            .copied()
+            .filter(|s| s["cut"] == true)
+            .collect();
         assert!(cut.len() as f64 <= n, "{label}");
         let completed = samples.len() - cut.len();
         assert_eq!(

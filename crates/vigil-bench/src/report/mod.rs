@@ -3,7 +3,7 @@
 //! One table per workload, engines side by side: p50 large, p95/p99 beneath, the best value of
 //! each row marked whichever engine produced it, and a ratio naming both values it came from.
 //! Excluded points (any failed request) are shown as such and never ranked or charted, nor are
-//! matrix cells that were not run (over capacity, not run).
+//! matrix cells with nothing measured (over capacity, not run, no token in time).
 
 mod html;
 mod markdown;
@@ -176,7 +176,7 @@ pub enum Cell {
     Excluded {
         failed: u32,
     },
-    /// A matrix cell that was not run (over capacity, not run): no value, shown as its status.
+    /// A matrix cell with nothing measured (over capacity, not run, no token in time): shown as its status.
     Skipped {
         status: CellStatus,
     },
