@@ -368,10 +368,19 @@ pub fn summarize(
     );
     let mut throughput = BTreeMap::new();
     match planned.shape {
-        Shape::Requests { max_tokens: 1, .. } | Shape::Matrix(MatrixCell::Prefill { .. }) => put(
+        Shape::Requests {
+            max_tokens: 1,
+            prompt_tokens: asked,
+            ..
+        }
+        | Shape::Matrix(MatrixCell::Prefill { context: asked }) => put(
             "prompt_tok_s",
+            // Where the server reports no usage (llama-cpp-python's streams), the prompt's
+            // calibrated length: composed to exactly that many of the target's own tokens.
             ok.iter()
-                .filter_map(|s| Some(f64::from(s.prompt_tokens?) / (s.ttft_ms? / 1e3)))
+                .filter_map(|s| {
+                    Some(f64::from(s.prompt_tokens.unwrap_or(asked)) / (s.ttft_ms? / 1e3))
+                })
                 .collect(),
         ),
         Shape::Requests { .. } => {}

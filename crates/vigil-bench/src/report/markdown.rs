@@ -29,7 +29,7 @@ pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String
                     t.name,
                     t.model,
                     t.url,
-                    t.owned_by.as_deref().unwrap_or("?")
+                    engine_name(t.owned_by.as_deref())
                 )
             })
             .collect();
@@ -219,4 +219,13 @@ fn live_section(md: &mut String, files: &[RunFile], heads: &[String], rows: &[Ve
 /// Keeps a value inside its table cell.
 fn esc(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
+}
+
+/// The engine a target's `/v1/models` `owned_by` names; llama-cpp-python's server says `me`.
+fn engine_name(owned_by: Option<&str>) -> String {
+    match owned_by {
+        Some("me") => "llama-cpp-python (owned_by: me)".to_string(),
+        Some(o) => o.to_string(),
+        None => "?".to_string(),
+    }
 }
