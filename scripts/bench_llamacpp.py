@@ -16,6 +16,7 @@ Difference from llama-bench: its tg128 starts from an empty context; here decode
 a 128-token prompt (closer to real use). n_batch=2048, n_ubatch=512 as in llama-bench.
 
 Usage: /work/venv/bin/python scripts/bench_llamacpp.py [--gguf PATH] [--reps 5] [--threads 2]
+       [--pp 512,2048]   (prefill lengths to run)
 """
 
 import argparse
@@ -98,6 +99,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--flash-attn", choices=["on", "off", "both"], default="both")
+    ap.add_argument("--pp", default="512,2048", help="comma-separated prefill lengths")
     args = ap.parse_args()
     for fa in ([True, False] if args.flash_attn == "both" else [args.flash_attn == "on"]):
         bench(args, fa)
@@ -123,7 +125,7 @@ def bench(args, flash_attn):
     def random_prompt(n):
         return [int(t) for t in rng.choice(ids, size=n)]
 
-    for n in (512, 2048):
+    for n in (int(x) for x in args.pp.split(",")):
         tokens = random_prompt(n)
         time_prefill(llm, tokens)  # warm-up
         report(f"pp{n}", n, [time_prefill(llm, tokens) for _ in range(args.reps)], args, flash_attn)

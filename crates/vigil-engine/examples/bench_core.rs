@@ -1,8 +1,13 @@
 //! llama-bench's pp/tg figures for Vigil's engine: prefill tokens/s of random-token prompts and
 //! decode tokens/s after a 128-token prompt, repeated, one JSON line per figure (median, min,
-//! max). The counterpart of scripts/bench_llamacpp.py; scripts/bench_core.sh runs both.
+//! max). The counterpart of scripts/bench_llamacpp.py; scripts/bench_core.sh and
+//! scripts/bench_qwen3_shape.sh run both.
 //!
-//! Usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0]
+//! MODEL is a GGUF file or a Hugging Face checkpoint directory (config.json, *.safetensors,
+//! tokenizer.json), loaded as `vigil generate` loads it; `--quantize q8_0` converts the float
+//! linear weights to Q8_0 at load. `--pp` lists the prefill lengths (default 512,2048).
+//!
+//! Usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048]
 
 use std::time::Instant;
 use vigil_engine::engine::LlmEngine;
@@ -21,12 +26,21 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let model_path = args
-        .get(1)
-        .ok_or("usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0]")?;
+    let model_path = args.get(1).ok_or(
+        "usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048]",
+    )?;
     let threads: usize = arg(&args, "--threads").map_or(Ok(2), |v| v.parse())?;
     let reps: usize = arg(&args, "--reps").map_or(Ok(5), |v| v.parse())?;
     let quantize = parse_quantize(arg(&args, "--quantize").as_deref())?;
+    let prefill_lens = arg(&args, "--pp")
+        .unwrap_or_else(|| "512,2048".into())
+        .split(',')
+        .map(|n| n.trim().parse::<usize>())
+        .collect::<Result<Vec<_>, _>>()?;
+    if prefill_lens.contains(&0) {
+        return Err("--pp lengths must be positive".into());
+    }
+    let ctx = 256 + prefill_lens.iter().copied().max().unwrap_or(0).max(128);
     let loaded = load(
         std::path::Path::new(model_path),
         &LoadOptions {
@@ -37,7 +51,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let model = loaded.model;
     let vocab = model.config.vocab_size as u64;
-    let ctx = 2048 + 256;
     let block_size = 16;
     let kv = KvCache::new(
         model.config.num_layers,
@@ -102,7 +115,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             v[v.len() - 1]
         );
     };
-    for n in [512, 2048] {
+    for n in prefill_lens {
         let v: Vec<f64> = (0..reps).map(|_| run(random_prompt(n), 1).0).collect();
         report(&format!("pp{n}"), v);
     }
