@@ -13,12 +13,16 @@ use std::cell::RefCell;
 pub trait KvElem: Copy + Send + Sync + Default + 'static {
     fn from_f32(v: f32) -> Self;
     fn to_f32(self) -> f32;
-    /// `a · b` with AVX2+FMA(+F16C); callers check `cpu::features()` and `len % 8 == 0`.
+    /// `a · b` as the AVX2 attention path computes a score: one FMA per element in order
+    /// from 0. Callers check `cpu::features()` and `len % 8 == 0`.
     fn dot_avx2(a: &[f32], b: &[Self]) -> f32;
     /// `out += w * v` with AVX2+FMA(+F16C); same preconditions.
     fn axpy_avx2(out: &mut [f32], w: f32, v: &[Self]);
-    /// `out[i] = v[i]` as f32 (exact) with AVX2+F16C; same preconditions.
-    fn widen_avx2(out: &mut [f32], v: &[Self]);
+    /// `out[j * d + c] = cache[rows[j] + c]` as f32 (exact) with AVX2+F16C; `d % 8 == 0`.
+    fn widen_rows_avx2(cache: &[Self], rows: &[usize], d: usize, out: &mut [f32]);
+    /// The same rows transposed: `out[c * ks + j] = cache[rows[j] + c]`, and 0 for
+    /// `rows.len() <= j < ks`; `d % 8 == 0`, `ks % 8 == 0`.
+    fn widen_t_avx2(cache: &[Self], rows: &[usize], d: usize, out: &mut [f32], ks: usize);
 }
 
 impl KvElem for f32 {
@@ -36,8 +40,13 @@ impl KvElem for f32 {
         // SAFETY: as above.
         unsafe { simd::axpy_f32(out, w, v) }
     }
-    fn widen_avx2(out: &mut [f32], v: &[Self]) {
-        out.copy_from_slice(&v[..out.len()]);
+    fn widen_rows_avx2(cache: &[Self], rows: &[usize], d: usize, out: &mut [f32]) {
+        // SAFETY: as above.
+        unsafe { simd::widen_rows(cache, rows, d, out) }
+    }
+    fn widen_t_avx2(cache: &[Self], rows: &[usize], d: usize, out: &mut [f32], ks: usize) {
+        // SAFETY: as above.
+        unsafe { simd::widen_t(cache, rows, d, out, ks) }
     }
 }
 
@@ -56,9 +65,13 @@ impl KvElem for f16 {
         // SAFETY: as above.
         unsafe { simd::axpy_f16(out, w, v) }
     }
-    fn widen_avx2(out: &mut [f32], v: &[Self]) {
+    fn widen_rows_avx2(cache: &[Self], rows: &[usize], d: usize, out: &mut [f32]) {
         // SAFETY: as above.
-        unsafe { simd::widen_f16(out, v) }
+        unsafe { simd::widen_rows(cache, rows, d, out) }
+    }
+    fn widen_t_avx2(cache: &[Self], rows: &[usize], d: usize, out: &mut [f32], ks: usize) {
+        // SAFETY: as above.
+        unsafe { simd::widen_t(cache, rows, d, out, ks) }
     }
 }
 
@@ -78,16 +91,13 @@ mod simd {
         _mm_cvtss_f32(s)
     }
 
+    /// One FMA per element in order from 0: a lane of `scores_t`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
         assert!(b.len() >= a.len() && a.len().is_multiple_of(8));
-        let mut acc = _mm256_setzero_ps();
-        for i in (0..a.len()).step_by(8) {
-            let x = _mm256_loadu_ps(a.as_ptr().add(i));
-            let y = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i).cast()));
-            acc = _mm256_fmadd_ps(x, y, acc);
-        }
-        hsum(acc)
+        a.iter()
+            .zip(b)
+            .fold(0.0, |acc, (&x, y)| x.mul_add(y.to_f32(), acc))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -101,44 +111,105 @@ mod simd {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn widen_f16(out: &mut [f32], v: &[f16]) {
-        assert!(v.len() >= out.len() && out.len().is_multiple_of(8));
-        for i in (0..out.len()).step_by(8) {
-            let y = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i).cast()));
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), y);
+    /// KV elements read 8 at a time as f32.
+    pub trait Load8: Copy {
+        unsafe fn load8(p: *const Self) -> __m256;
+    }
+
+    impl Load8 for f32 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
         }
     }
 
-    /// Lane `j` = `hsum(v[j])`, each with exactly `hsum`'s addition tree (lane `i` + lane
-    /// `i + 4`, then `(0 + 2) + (1 + 3)`), so 8 keys' scores equal 8 single dots bit for bit.
+    impl Load8 for f16 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn load8(p: *const f16) -> __m256 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        }
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum8(v: &[__m256; 8]) -> __m256 {
-        let half = |a: __m256, b: __m256| {
-            _mm256_add_ps(
-                _mm256_permute2f128_ps::<0x20>(a, b),
-                _mm256_permute2f128_ps::<0x31>(a, b),
-            )
-        };
-        // u_j = [s(v_j) | s(v_{j+4})], s = 4 lanes of lo + hi.
+    pub unsafe fn widen_rows<E: Load8>(cache: &[E], rows: &[usize], d: usize, out: &mut [f32]) {
+        assert!(d.is_multiple_of(8) && out.len() >= rows.len() * d);
+        for (j, &r) in rows.iter().enumerate() {
+            assert!(r + d <= cache.len());
+            let (s, o) = (cache.as_ptr().add(r), out.as_mut_ptr().add(j * d));
+            for c in (0..d).step_by(8) {
+                _mm256_storeu_ps(o.add(c), E::load8(s.add(c)));
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn widen_t<E: Load8>(
+        cache: &[E],
+        rows: &[usize],
+        d: usize,
+        out: &mut [f32],
+        ks: usize,
+    ) {
+        assert!(d.is_multiple_of(8) && ks.is_multiple_of(8));
+        assert!(rows.len() <= ks && out.len() >= d * ks);
+        assert!(rows.iter().all(|&r| r + d <= cache.len()));
+        let o = out.as_mut_ptr();
+        for j0 in (0..ks).step_by(8) {
+            let n = rows.len().saturating_sub(j0).min(8);
+            let src: [*const E; 8] =
+                std::array::from_fn(|i| cache.as_ptr().add(if i < n { rows[j0 + i] } else { 0 }));
+            for c in (0..d).step_by(8) {
+                let r: [__m256; 8] = if n == 8 {
+                    std::array::from_fn(|i| E::load8(src[i].add(c)))
+                } else {
+                    std::array::from_fn(|i| {
+                        if i < n {
+                            E::load8(src[i].add(c))
+                        } else {
+                            _mm256_setzero_ps()
+                        }
+                    })
+                };
+                let t = transpose8(&r);
+                for i in 0..8 {
+                    _mm256_storeu_ps(o.add((c + i) * ks + j0), t[i]);
+                }
+            }
+        }
+    }
+
+    /// Row `i` of the result is column `i` of `r`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn transpose8(r: &[__m256; 8]) -> [__m256; 8] {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        // u_i: columns i | i + 4 of rows 0..4 (of rows 4..8 for u_{i+4}).
         let u = [
-            half(v[0], v[4]),
-            half(v[1], v[5]),
-            half(v[2], v[6]),
-            half(v[3], v[7]),
+            _mm256_shuffle_ps::<0x44>(t0, t2),
+            _mm256_shuffle_ps::<0xEE>(t0, t2),
+            _mm256_shuffle_ps::<0x44>(t1, t3),
+            _mm256_shuffle_ps::<0xEE>(t1, t3),
+            _mm256_shuffle_ps::<0x44>(t4, t6),
+            _mm256_shuffle_ps::<0xEE>(t4, t6),
+            _mm256_shuffle_ps::<0x44>(t5, t7),
+            _mm256_shuffle_ps::<0xEE>(t5, t7),
         ];
-        let pair = |a: __m256, b: __m256| {
-            _mm256_add_ps(
-                _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
-                _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
-            )
-        };
-        let w0 = pair(u[0], u[1]);
-        let w1 = pair(u[2], u[3]);
-        _mm256_add_ps(
-            _mm256_shuffle_ps::<0b10_00_10_00>(w0, w1),
-            _mm256_shuffle_ps::<0b11_01_11_01>(w0, w1),
-        )
+        std::array::from_fn(|i| {
+            if i < 4 {
+                _mm256_permute2f128_ps::<0x20>(u[i], u[i + 4])
+            } else {
+                _mm256_permute2f128_ps::<0x31>(u[i - 4], u[i])
+            }
+        })
     }
 
     /// `e^x` in 8 lanes (Cephes `expf`: 2^n by exponent bits times a degree-6 polynomial on
@@ -230,115 +301,188 @@ mod simd {
         }
     }
 
-    /// `out[j] = (q · k[j]) * scale` for `n` keys stored as f32 rows of `d` in `k`; each
-    /// dot with `dot_f16`'s operations in its order.
+    /// Scores of queries `q` against the first `n` of a block of `KEYS` keys stored d-major
+    /// in `kt` (`kt[c * KEYS + j]`): `out[i][j] = (Σ_c q[i][c] · kt[c][j]) * scale`, each sum
+    /// one FMA per `c` in order from 0 in one lane (`KvElem::dot_avx2`), whatever the other
+    /// queries. Writes `n` rounded up to 32 keys per query.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn scores(q: &[f32], k: &[f32], n: usize, scale: f32, out: &mut [f32]) {
-        let d = q.len();
-        assert!(d.is_multiple_of(8) && k.len() >= n * d && out.len() >= n);
-        // Common head sizes get constant row strides (immediate offsets, unrolled chunks).
-        match d {
-            64 => scores_d::<64>(q.as_ptr(), k.as_ptr(), n, d, scale, out),
-            128 => scores_d::<128>(q.as_ptr(), k.as_ptr(), n, d, scale, out),
-            _ => scores_d::<0>(q.as_ptr(), k.as_ptr(), n, d, scale, out),
-        }
-    }
-
-    /// `scores` with the head size `D` known at compile time (`D = 0`: use `d`).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scores_d<const D: usize>(
-        q: *const f32,
-        k: *const f32,
+    pub unsafe fn scores_t<const KEYS: usize>(
+        q: &[*const f32],
+        kt: &[f32],
         n: usize,
         d: usize,
         scale: f32,
-        out: &mut [f32],
+        out: &[*mut f32],
     ) {
-        let d = if D == 0 { d } else { D };
-        let sv = _mm256_set1_ps(scale);
-        let full = n / 8 * 8;
-        for j0 in (0..full).step_by(8) {
-            let mut acc = [_mm256_setzero_ps(); 8];
-            let kj = k.add(j0 * d);
-            let mut c = 0;
-            while c < d {
-                let x = _mm256_loadu_ps(q.add(c));
-                let kc = kj.add(c);
-                for j in 0..8 {
-                    acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(kc.add(j * d)), acc[j]);
-                }
-                c += 8;
+        assert!(KEYS.is_multiple_of(32) && kt.len() >= d * KEYS && q.len() == out.len());
+        assert!(n <= KEYS);
+        let n = n.next_multiple_of(32);
+        let kt = kt.as_ptr();
+        let mut i0 = 0;
+        while i0 < q.len() {
+            let last = |i: usize| (i0 + i).min(q.len() - 1);
+            let qs: [*const f32; 6] = std::array::from_fn(|i| q[last(i)]);
+            let os: [*mut f32; 6] = std::array::from_fn(|i| out[last(i)]);
+            // Enough independent accumulators to cover the FMA latency: 4 vectors of keys
+            // for 1–2 queries, 2 for 3–6.
+            match q.len() - i0 {
+                1 => scores_micro::<KEYS, 1, 4>(&qs, kt, n, d, scale, &os),
+                2 => scores_micro::<KEYS, 2, 4>(&qs, kt, n, d, scale, &os),
+                3 => scores_micro::<KEYS, 3, 2>(&qs, kt, n, d, scale, &os),
+                4 => scores_micro::<KEYS, 4, 2>(&qs, kt, n, d, scale, &os),
+                5 => scores_micro::<KEYS, 5, 2>(&qs, kt, n, d, scale, &os),
+                _ => scores_micro::<KEYS, 6, 2>(&qs, kt, n, d, scale, &os),
             }
-            _mm256_storeu_ps(out.as_mut_ptr().add(j0), _mm256_mul_ps(hsum8(&acc), sv));
-        }
-        for j in full..n {
-            let mut acc = _mm256_setzero_ps();
-            for c in (0..d).step_by(8) {
-                let y = _mm256_loadu_ps(k.add(j * d + c));
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(c)), y, acc);
-            }
-            out[j] = hsum(acc) * scale;
+            i0 += 6;
         }
     }
 
-    /// `out += Σ_j w[j] * v[j]` over f32 rows of `out.len()` in `v`, in key order with
-    /// `axpy_f16`'s operations, the output held in registers across the keys.
+    /// `scores_t` for `NQ` queries and keys `0..n` (`n % (8 * KW) == 0`), `KW` vectors of 8
+    /// keys at a time.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn weighted_sum(out: &mut [f32], w: &[f32], v: &[f32]) {
-        let d = out.len();
-        assert!(d.is_multiple_of(8) && v.len() >= w.len() * d);
-        let mut s = 0;
-        while s + 64 <= d {
-            let (o, vs) = (out.as_mut_ptr().add(s), v.as_ptr().add(s));
-            match d {
-                64 => weighted_sum_slice::<8, 64>(o, w, vs, d),
-                128 => weighted_sum_slice::<8, 128>(o, w, vs, d),
-                _ => weighted_sum_slice::<8, 0>(o, w, vs, d),
+    unsafe fn scores_micro<const KEYS: usize, const NQ: usize, const KW: usize>(
+        q: &[*const f32; 6],
+        kt: *const f32,
+        n: usize,
+        d: usize,
+        scale: f32,
+        out: &[*mut f32; 6],
+    ) {
+        let sv = _mm256_set1_ps(scale);
+        for j0 in (0..n).step_by(8 * KW) {
+            let mut acc = [[_mm256_setzero_ps(); KW]; NQ];
+            let mut k = kt.add(j0);
+            for c in 0..d {
+                let kv: [__m256; KW] = std::array::from_fn(|w| _mm256_loadu_ps(k.add(8 * w)));
+                for i in 0..NQ {
+                    let x = _mm256_broadcast_ss(&*q[i].add(c));
+                    for w in 0..KW {
+                        acc[i][w] = _mm256_fmadd_ps(x, kv[w], acc[i][w]);
+                    }
+                }
+                k = k.add(KEYS);
             }
-            s += 64;
+            for i in 0..NQ {
+                for w in 0..KW {
+                    _mm256_storeu_ps(out[i].add(j0 + 8 * w), _mm256_mul_ps(acc[i][w], sv));
+                }
+            }
+        }
+    }
+
+    /// `out[i] += Σ_{j < n[i]} w[i][j] * v[j]` for up to 6 queries over f32 rows of `d` in
+    /// `v`: each output element one FMA per key in key order (`KvElem::axpy_avx2`), held in
+    /// registers across the keys, whatever the other queries.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn weighted_sums(
+        out: &[*mut f32],
+        w: &[*const f32],
+        n: &[usize],
+        v: &[f32],
+        d: usize,
+    ) {
+        let nq = out.len();
+        assert!(d.is_multiple_of(8) && w.len() == nq && n.len() == nq);
+        assert!(v.len() >= n.iter().copied().max().unwrap_or(0) * d);
+        let v = v.as_ptr();
+        let mut i0 = 0;
+        while i0 < nq {
+            let last = |i: usize| (i0 + i).min(nq - 1);
+            let os: [*mut f32; 6] = std::array::from_fn(|i| out[last(i)]);
+            let ws: [*const f32; 6] = std::array::from_fn(|i| w[last(i)]);
+            let ns: [usize; 6] = std::array::from_fn(|i| n[last(i)]);
+            match nq - i0 {
+                1 => weighted_sums_group::<1>(&os, &ws, &ns, v, d),
+                2 => weighted_sums_group::<2>(&os, &ws, &ns, v, d),
+                3 => weighted_sums_group::<3>(&os, &ws, &ns, v, d),
+                4 => weighted_sums_group::<4>(&os, &ws, &ns, v, d),
+                5 => weighted_sums_group::<5>(&os, &ws, &ns, v, d),
+                _ => weighted_sums_group::<6>(&os, &ws, &ns, v, d),
+            }
+            i0 += 6;
+        }
+    }
+
+    /// `weighted_sums` for `NQ` queries: slices of the output as wide as the registers allow.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weighted_sums_group<const NQ: usize>(
+        out: &[*mut f32; 6],
+        w: &[*const f32; 6],
+        n: &[usize; 6],
+        v: *const f32,
+        d: usize,
+    ) {
+        let mut s = 0;
+        let wide = if NQ == 1 {
+            8
+        } else if NQ == 2 {
+            4
+        } else {
+            2
+        };
+        while s + 8 * wide <= d {
+            match wide {
+                8 => weighted_sums_slice::<NQ, 8>(out, w, n, v, d, s),
+                4 => weighted_sums_slice::<NQ, 4>(out, w, n, v, d, s),
+                _ => weighted_sums_slice::<NQ, 2>(out, w, n, v, d, s),
+            }
+            s += 8 * wide;
         }
         while s < d {
-            weighted_sum_slice::<1, 0>(out.as_mut_ptr().add(s), w, v.as_ptr().add(s), d);
+            weighted_sums_slice::<NQ, 1>(out, w, n, v, d, s);
             s += 8;
         }
     }
 
-    /// `C` 8-wide chunks of the output over rows of `D` (`D = 0`: of `d`).
+    /// Output elements `s..s + 8 * C` of `NQ` queries: the keys all of them take together,
+    /// then each query's remaining keys.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weighted_sum_slice<const C: usize, const D: usize>(
-        out: *mut f32,
-        w: &[f32],
+    unsafe fn weighted_sums_slice<const NQ: usize, const C: usize>(
+        out: &[*mut f32; 6],
+        w: &[*const f32; 6],
+        n: &[usize; 6],
         v: *const f32,
         d: usize,
+        s: usize,
     ) {
-        let d = if D == 0 { d } else { D };
-        let mut acc: [__m256; C] = std::array::from_fn(|c| _mm256_loadu_ps(out.add(8 * c)));
-        for (j, &wj) in w.iter().enumerate() {
-            let wv = _mm256_set1_ps(wj);
-            for c in 0..C {
-                let y = _mm256_loadu_ps(v.add(j * d + 8 * c));
-                acc[c] = _mm256_fmadd_ps(wv, y, acc[c]);
+        let mut acc: [[__m256; C]; NQ] = std::array::from_fn(|i| {
+            std::array::from_fn(|c| _mm256_loadu_ps(out[i].add(s + 8 * c)))
+        });
+        let common = n[..NQ].iter().copied().min().unwrap_or(0);
+        let v = v.add(s);
+        for j in 0..common {
+            let y: [__m256; C] = std::array::from_fn(|c| _mm256_loadu_ps(v.add(j * d + 8 * c)));
+            for i in 0..NQ {
+                let wv = _mm256_broadcast_ss(&*w[i].add(j));
+                for c in 0..C {
+                    acc[i][c] = _mm256_fmadd_ps(wv, y[c], acc[i][c]);
+                }
             }
         }
-        for c in 0..C {
-            _mm256_storeu_ps(out.add(8 * c), acc[c]);
+        for i in 0..NQ {
+            for j in common..n[i] {
+                let wv = _mm256_broadcast_ss(&*w[i].add(j));
+                for c in 0..C {
+                    let y = _mm256_loadu_ps(v.add(j * d + 8 * c));
+                    acc[i][c] = _mm256_fmadd_ps(wv, y, acc[i][c]);
+                }
+            }
+        }
+        for i in 0..NQ {
+            for c in 0..C {
+                _mm256_storeu_ps(out[i].add(s + 8 * c), acc[i][c]);
+            }
         }
     }
 
+    /// As `dot_f16`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         assert!(b.len() >= a.len() && a.len().is_multiple_of(8));
-        let mut acc = _mm256_setzero_ps();
-        for i in (0..a.len()).step_by(8) {
-            acc = _mm256_fmadd_ps(
-                _mm256_loadu_ps(a.as_ptr().add(i)),
-                _mm256_loadu_ps(b.as_ptr().add(i)),
-                acc,
-            );
-        }
-        hsum(acc)
+        a.iter().zip(b).fold(0.0, |acc, (&x, &y)| x.mul_add(y, acc))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -374,22 +518,64 @@ mod simd {
     pub unsafe fn axpy_f32(out: &mut [f32], w: f32, v: &[f32]) {
         out.iter_mut().zip(v).for_each(|(o, y)| *o += w * y)
     }
-    pub unsafe fn widen_f16(out: &mut [f32], v: &[f16]) {
-        out.iter_mut().zip(v).for_each(|(o, y)| *o = y.to_f32())
+    pub unsafe fn widen_rows<E: crate::attention::KvElem>(
+        cache: &[E],
+        rows: &[usize],
+        d: usize,
+        out: &mut [f32],
+    ) {
+        for (j, &r) in rows.iter().enumerate() {
+            for c in 0..d {
+                out[j * d + c] = cache[r + c].to_f32();
+            }
+        }
+    }
+    pub unsafe fn widen_t<E: crate::attention::KvElem>(
+        cache: &[E],
+        rows: &[usize],
+        d: usize,
+        out: &mut [f32],
+        ks: usize,
+    ) {
+        for j in 0..ks {
+            for c in 0..d {
+                out[c * ks + j] = rows.get(j).map_or(0.0, |&r| cache[r + c].to_f32());
+            }
+        }
     }
     pub unsafe fn softmax(x: &mut [f32]) {
         crate::ops::softmax_inplace(x)
     }
-    pub unsafe fn scores(q: &[f32], k: &[f32], n: usize, scale: f32, out: &mut [f32]) {
-        let d = q.len();
-        for j in 0..n {
-            out[j] = dot_f32(q, &k[j * d..(j + 1) * d]) * scale;
+    pub unsafe fn scores_t<const KEYS: usize>(
+        q: &[*const f32],
+        kt: &[f32],
+        n: usize,
+        d: usize,
+        scale: f32,
+        out: &[*mut f32],
+    ) {
+        for (&qi, &oi) in q.iter().zip(out) {
+            for j in 0..n {
+                let mut acc = 0f32;
+                for c in 0..d {
+                    acc = (*qi.add(c)).mul_add(kt[c * KEYS + j], acc);
+                }
+                *oi.add(j) = acc * scale;
+            }
         }
     }
-    pub unsafe fn weighted_sum(out: &mut [f32], w: &[f32], v: &[f32]) {
-        let d = out.len();
-        for (j, &wj) in w.iter().enumerate() {
-            axpy_f32(out, wj, &v[j * d..(j + 1) * d]);
+    pub unsafe fn weighted_sums(
+        out: &[*mut f32],
+        w: &[*const f32],
+        n: &[usize],
+        v: &[f32],
+        d: usize,
+    ) {
+        for i in 0..out.len() {
+            let o = std::slice::from_raw_parts_mut(out[i], d);
+            for j in 0..n[i] {
+                axpy_f32(o, *w[i].add(j), &v[j * d..(j + 1) * d]);
+            }
         }
     }
 }
@@ -460,23 +646,34 @@ pub fn paged_attention<E: KvElem>(
     );
     let group = shape.num_heads / shape.num_kv_heads;
     // A tile is up to ROWS_PER_TILE query rows of one sequence × the heads sharing one KV head:
-    // each key and value row is fetched once for all of them. Decode steps have few rows, so
-    // there the heads of a group are split into separate tiles to keep both cores busy.
+    // each key and value block is widened (K also transposed) once for all of them. Only when
+    // there are fewer such tiles than threads (a decode step of one sequence with one KV head)
+    // are the heads split into separate tiles, since that repeats the widening per head.
     let mut tiles = Vec::new();
     for (si, s) in seqs.iter().enumerate() {
         for r0 in (0..s.query_len).step_by(ROWS_PER_TILE) {
             tiles.push((si, r0, (r0 + ROWS_PER_TILE).min(s.query_len)));
         }
     }
-    let heads_per_tile = if tiles.len() * shape.num_kv_heads >= 4 * pool.num_threads() {
+    let heads_per_tile = if tiles.len() * shape.num_kv_heads >= pool.num_threads() {
         group
     } else {
         1
     };
     let head_tiles = shape.num_heads / heads_per_tile;
     let out_ptr = SyncPtr::new(out);
-    pool.run(tiles.len() * head_tiles, |task| {
-        let (si, r0, r1) = tiles[task / head_tiles];
+    // Later rows of a prefill attend to more keys; the pool splits tasks into contiguous
+    // chunks, so alternate light and heavy tiles to give each chunk a similar share.
+    let n_tiles = tiles.len();
+    let tile_of = |i: usize| {
+        if i.is_multiple_of(2) {
+            i / 2
+        } else {
+            n_tiles - 1 - i / 2
+        }
+    };
+    pool.run(n_tiles * head_tiles, |task| {
+        let (si, r0, r1) = tiles[tile_of(task / head_tiles)];
         let h0 = task % head_tiles * heads_per_tile;
         let seq = &seqs[si];
         let tile = Tile {
@@ -491,8 +688,9 @@ pub fn paged_attention<E: KvElem>(
     });
 }
 
-/// Query rows handled together; 4 keeps the scores of a tile in L1 at 2K context.
-const ROWS_PER_TILE: usize = 4;
+/// Query rows handled together: each K and V block is widened once for rows × group queries;
+/// 8 keeps a tile's scores (24 rows of keys for a group of 3) within L2 at 2K context.
+const ROWS_PER_TILE: usize = 8;
 
 /// Flat query rows of one sequence and the heads (all sharing one KV head) of one task.
 struct Tile<'a, 'b> {
@@ -545,6 +743,18 @@ impl<'a> TileGeometry<'a> {
         let slot =
             self.block_table[p / self.block_size] as usize * self.block_size + p % self.block_size;
         slot * self.kv_dim + self.kv_head * self.d
+    }
+
+    /// `key_row` of keys `p0..p1` into `out`, one table lookup per cache block.
+    fn key_rows(&self, p0: usize, p1: usize, out: &mut Vec<usize>) {
+        out.clear();
+        let mut p = p0;
+        while p < p1 {
+            let end = ((p / self.block_size + 1) * self.block_size).min(p1);
+            let first = self.key_row(p);
+            out.extend((0..end - p).map(|i| first + i * self.kv_dim));
+            p = end;
+        }
     }
 }
 
@@ -619,17 +829,18 @@ pub fn softmax_dispatched(x: &mut [f32]) {
 }
 
 /// Keys converted to f32 at once per tile: this many rows of K or V.
-const KEY_BLOCK: usize = 32;
+const KEY_BLOCK: usize = 64;
 
 thread_local! {
     static KV_BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The AVX2 path of `attend_tile`: the same per-query operations in the same order as
-/// `KvElem::dot_avx2` / `axpy_avx2` per key (so the same bits) around the vectorized
-/// softmax (`softmax_dispatched`), but each block of
-/// `KEY_BLOCK` K and V rows is widened to f32 once for the whole tile, 8 keys' scores are
-/// reduced together, and each output row stays in registers across a block's keys.
+/// The AVX2 path of `attend_tile`: per query the operations of `KvElem::dot_avx2` per key,
+/// the vectorized softmax (`softmax_dispatched`), then `KvElem::axpy_avx2` per key in order
+/// (so the same bits alone or in any tile). Each block of `KEY_BLOCK` K rows is widened to
+/// f32 and transposed once for the whole tile, so the scores are a register-tiled product
+/// (queries × keys, one lane per score, no horizontal sums); each V block is widened once
+/// and several queries' outputs stay in registers across its keys.
 #[allow(clippy::too_many_arguments)]
 fn attend_tile_simd<'o, E: KvElem>(
     shape: AttnShape,
@@ -642,33 +853,41 @@ fn attend_tile_simd<'o, E: KvElem>(
 ) {
     let g = TileGeometry::new(shape, tile);
     let (d, q_dim, scale, max_keys) = (g.d, g.q_dim, g.scale, g.max_keys);
-    let (num_keys, key_row) = (|row| g.num_keys(row), |p| g.key_row(p));
-    // Widen keys p0..p1 of `cache` into `buf` (rows of d).
-    let widen = |cache: &[E], buf: &mut [f32], p0: usize, p1: usize| {
-        for p in p0..p1 {
-            E::widen_avx2(&mut buf[(p - p0) * d..][..d], &cache[key_row(p)..][..d]);
-        }
-    };
+    let num_keys = |row| g.num_keys(row);
+    let nq = queries.len();
+    // Score rows padded to whole key blocks: the kernels write a block's keys for every query.
+    let stride = max_keys.next_multiple_of(KEY_BLOCK);
+    let q_ptrs: Vec<*const f32> = queries
+        .iter()
+        .map(|&(row, head)| q[row * q_dim + head * d..][..d].as_ptr())
+        .collect();
+    let mut rows = Vec::with_capacity(KEY_BLOCK);
+    let mut ptrs: Vec<*mut f32> = Vec::with_capacity(nq);
+    let mut weights: Vec<*const f32> = Vec::with_capacity(nq);
+    let mut counts: Vec<usize> = Vec::with_capacity(nq);
     SCORES.with(|cell| {
         KV_BLOCK.with(|kv_cell| {
             let mut scores = cell.borrow_mut();
             let mut buf = kv_cell.borrow_mut();
-            scores.clear();
-            scores.resize(queries.len() * max_keys, 0.0);
+            // Every score a softmax reads is written first, so no clearing.
+            if scores.len() < nq * stride {
+                scores.resize(nq * stride, 0.0);
+            }
             buf.resize(KEY_BLOCK * d, 0.0);
+            let base = scores.as_mut_ptr();
             for p0 in (0..max_keys).step_by(KEY_BLOCK) {
                 let p1 = (p0 + KEY_BLOCK).min(max_keys);
-                widen(k_cache, &mut buf, p0, p1);
-                for (qi, &(row, head)) in queries.iter().enumerate() {
-                    let n = num_keys(row).min(p1).saturating_sub(p0);
-                    let qv = &q[row * q_dim + head * d..][..d];
-                    let dst = &mut scores[qi * max_keys + p0..][..n];
-                    // SAFETY: `simd` was checked by the caller; lengths are checked inside.
-                    unsafe { simd::scores(qv, &buf, n, scale, dst) };
-                }
+                g.key_rows(p0, p1, &mut rows);
+                E::widen_t_avx2(k_cache, &rows, d, &mut buf, KEY_BLOCK);
+                ptrs.clear();
+                // SAFETY: each query's block of scores lies inside its padded row.
+                ptrs.extend((0..nq).map(|qi| unsafe { base.add(qi * stride + p0) }));
+                // SAFETY: `simd` was checked by the caller; `q_ptrs` rows have `d` elements;
+                // the other lengths are checked inside.
+                unsafe { simd::scores_t::<KEY_BLOCK>(&q_ptrs, &buf, p1 - p0, d, scale, &ptrs) };
             }
             for (qi, &(row, _)) in queries.iter().enumerate() {
-                let s = &mut scores[qi * max_keys..qi * max_keys + num_keys(row)];
+                let s = &mut scores[qi * stride..qi * stride + num_keys(row)];
                 // SAFETY: as above.
                 unsafe { simd::softmax(s) };
             }
@@ -677,15 +896,22 @@ fn attend_tile_simd<'o, E: KvElem>(
                 .map(|&(row, head)| out_for(row, head))
                 .collect();
             outs.iter_mut().for_each(|o| o.fill(0.0));
+            ptrs.clear();
+            ptrs.extend(outs.iter_mut().map(|o| o.as_mut_ptr()));
             for p0 in (0..max_keys).step_by(KEY_BLOCK) {
                 let p1 = (p0 + KEY_BLOCK).min(max_keys);
-                widen(v_cache, &mut buf, p0, p1);
-                for (qi, &(row, _)) in queries.iter().enumerate() {
-                    let n = num_keys(row).min(p1).saturating_sub(p0);
-                    let w = &scores[qi * max_keys + p0..][..n];
-                    // SAFETY: as above.
-                    unsafe { simd::weighted_sum(outs[qi], w, &buf) };
-                }
+                g.key_rows(p0, p1, &mut rows);
+                E::widen_rows_avx2(v_cache, &rows, d, &mut buf);
+                counts.clear();
+                counts.extend(
+                    queries
+                        .iter()
+                        .map(|&(row, _)| num_keys(row).min(p1).saturating_sub(p0)),
+                );
+                weights.clear();
+                weights.extend((0..nq).map(|qi| scores[qi * stride + p0..].as_ptr()));
+                // SAFETY: as above; each output has `d` elements, each weight row `counts`.
+                unsafe { simd::weighted_sums(&ptrs, &weights, &counts, &buf, d) };
             }
         })
     });

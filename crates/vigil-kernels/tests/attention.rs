@@ -216,48 +216,117 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// A query's output rebuilt from the per-key operations of the AVX2 path: one `dot_avx2` per
+/// key, the dispatched softmax, then one `axpy_avx2` per key in order.
+fn per_key_ops(sh: AttnShape, cache: &Cache, seq: &Seq, len: usize, q: &[f32]) -> Vec<f32> {
+    use vigil_kernels::attention::KvElem;
+    let (d, bs) = (sh.head_dim, sh.block_size);
+    let (q_dim, kv_dim) = (sh.num_heads * d, sh.num_kv_heads * d);
+    let rows = q.len() / q_dim;
+    let row_of = |p: usize| (seq.table[p / bs] as usize * bs + p % bs) * kv_dim;
+    let mut out = vec![0f32; q.len()];
+    for r in 0..rows {
+        let pos = len - rows + r;
+        for h in 0..sh.num_heads {
+            let off = (h / (sh.num_heads / sh.num_kv_heads)) * d;
+            let qv = &q[r * q_dim + h * d..][..d];
+            let mut s: Vec<f32> = (0..=pos)
+                .map(|p| {
+                    f16::dot_avx2(qv, &cache.k[row_of(p) + off..][..d]) * (1.0 / (d as f32).sqrt())
+                })
+                .collect();
+            vigil_kernels::attention::softmax_dispatched(&mut s);
+            let o = &mut out[r * q_dim + h * d..][..d];
+            for (p, &w) in s.iter().enumerate() {
+                f16::axpy_avx2(o, w, &cache.v[row_of(p) + off..][..d]);
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn blocked_simd_path_equals_per_key_simd_ops() {
-    // The AVX2 path reorganizes loops but keeps each query's operations: per key one
-    // `dot_avx2`, the (vectorized) softmax, then one `axpy_avx2` per key in order. Same bits.
+    // The AVX2 path reorganizes loops (transposed key blocks, register tiles of queries) but
+    // keeps each query's operations. Same bits.
     if !vigil_kernels::cpu::features().avx2_fma_f16c {
         return;
     }
-    use vigil_kernels::attention::KvElem;
     let mut rng = ChaCha8Rng::seed_from_u64(29);
     let pool = ThreadPool::new(2);
     for (heads, kv_heads, d) in [(9, 3, 64), (4, 2, 128), (3, 3, 72)] {
         let sh = shape(heads, kv_heads, d);
-        let (q_dim, kv_dim) = (heads * d, kv_heads * d);
         let len = 77;
         let (cache, seqs) = build(&mut rng, sh, &[len]);
-        let rows = 13;
-        let q = random_q(&mut rng, rows * q_dim);
+        let q = random_q(&mut rng, 13 * heads * d);
         let got = run(&pool, sh, &cache, &seqs, &[(0, len, &q)]);
-        let table = &seqs[0].table;
-        let row_of = |p: usize| (table[p / 16] as usize * 16 + p % 16) * kv_dim;
-        for r in 0..rows {
-            let pos = len - rows + r;
-            for h in 0..heads {
-                let off = (h / (heads / kv_heads)) * d;
-                let qv = &q[r * q_dim + h * d..][..d];
-                let mut s: Vec<f32> = (0..=pos)
-                    .map(|p| {
-                        f16::dot_avx2(qv, &cache.k[row_of(p) + off..][..d])
-                            * (1.0 / (d as f32).sqrt())
-                    })
-                    .collect();
-                vigil_kernels::attention::softmax_dispatched(&mut s);
-                let mut o = vec![0f32; d];
-                for (p, &w) in s.iter().enumerate() {
-                    f16::axpy_avx2(&mut o, w, &cache.v[row_of(p) + off..][..d]);
-                }
-                assert_eq!(
-                    bits(&got[r * q_dim + h * d..][..d]),
-                    bits(&o),
-                    "heads {heads}/{kv_heads} d {d} row {r} head {h}"
-                );
-            }
+        let want = per_key_ops(sh, &cache, &seqs[0], len, &q);
+        assert_eq!(bits(&got), bits(&want), "heads {heads}/{kv_heads} d {d}");
+    }
+}
+
+#[test]
+fn simd_path_equals_per_key_ops_on_ragged_shapes() {
+    // Random lengths: query rows not a multiple of the row tile, keys not a multiple of the
+    // key block, cache blocks of 1 up to past the key block, head sizes with 8-wide
+    // remainders, groups of 1 to 8 heads. Each sequence batched with others, and one row of
+    // each alone (a decode step; with one KV head its heads are split across tiles), gives
+    // the per-key bits.
+    if !vigil_kernels::cpu::features().avx2_fma_f16c {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(37);
+    let pool = ThreadPool::new(2);
+    for (heads, kv_heads, d, block_size) in [
+        (9, 3, 64, 1),
+        (9, 3, 64, 5),
+        (4, 2, 128, 64),
+        (6, 2, 40, 3),
+        (3, 3, 72, 32),
+        (8, 1, 64, 96),
+        (14, 2, 24, 16),
+    ] {
+        let sh = AttnShape {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: d,
+            block_size,
+        };
+        let q_dim = heads * d;
+        let lens: Vec<usize> = (0..3).map(|_| rng.random_range(1..230)).collect();
+        let (cache, seqs) = build(&mut rng, sh, &lens);
+        let qs: Vec<Vec<f32>> = lens
+            .iter()
+            .map(|&len| {
+                let rows = rng.random_range(1..=len.min(40));
+                random_q(&mut rng, rows * q_dim)
+            })
+            .collect();
+        let parts: Vec<(usize, usize, &[f32])> = (0..lens.len())
+            .map(|i| (i, lens[i], qs[i].as_slice()))
+            .collect();
+        let got = run(&pool, sh, &cache, &seqs, &parts);
+        let mut at = 0;
+        for (i, q) in qs.iter().enumerate() {
+            let what = format!("heads {heads}/{kv_heads} d {d} block {block_size} seq {i}");
+            let want = per_key_ops(sh, &cache, &seqs[i], lens[i], q);
+            assert_eq!(bits(&got[at..at + q.len()]), bits(&want), "{what}");
+            let rows = q.len() / q_dim;
+            let r = rng.random_range(0..rows);
+            let ctx = lens[i] - rows + r + 1;
+            let one = run(
+                &pool,
+                sh,
+                &cache,
+                &seqs,
+                &[(i, ctx, &q[r * q_dim..][..q_dim])],
+            );
+            assert_eq!(
+                bits(&one),
+                bits(&want[r * q_dim..][..q_dim]),
+                "{what} row {r}"
+            );
+            at += q.len();
         }
     }
 }
