@@ -17,7 +17,7 @@ profile() {
     --model "$gguf" --threads 2 "$@" >/dev/null 2>"$out/$name.log"
   echo "== $name: $(tail -1 "$out/$name.log")"
   perf report -i "$out/$name.data" --no-children --sort symbol --percent-limit 1.5 --stdio -g none \
-    2>/dev/null | grep -E '^ +[0-9.]+%' | awk '{$2=""; print}' | head -15
+    2>/dev/null | grep -E '^ +[0-9.]+%' | awk '{print $1, $3}' | head -15
 }
 profile decode 1500 --prompt "Write a long story about a lighthouse keeper." --max-tokens 256 \
   --ignore-eos

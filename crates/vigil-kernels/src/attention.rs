@@ -77,7 +77,7 @@ impl KvElem for f16 {
 
 /// AVX2 inner loops of attention: 8 lanes, one fixed reduction order.
 #[cfg(target_arch = "x86_64")]
-mod simd {
+pub(crate) mod simd {
     // Index loops mirror the register tiles.
     #![allow(clippy::needless_range_loop)]
     use half::f16;
@@ -246,6 +246,32 @@ mod simd {
         );
         let n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
         _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(n)))
+    }
+
+    /// `gate[i] = silu(gate[i]) * up[i]` with `exp8`; the tail goes through a zero-padded
+    /// 8-lane copy so every element takes the same operations. Lengths must match.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        let n = gate.len().min(up.len());
+        let one = _mm256_set1_ps(1.0);
+        let silu_mul8 = |g: __m256, u: __m256| {
+            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+            _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u)
+        };
+        let full = n / 8 * 8;
+        let (gp, up_) = (gate.as_mut_ptr(), up.as_ptr());
+        for i in (0..full).step_by(8) {
+            let r = silu_mul8(_mm256_loadu_ps(gp.add(i)), _mm256_loadu_ps(up_.add(i)));
+            _mm256_storeu_ps(gp.add(i), r);
+        }
+        if full < n {
+            let (mut g, mut u) = ([0f32; 8], [0f32; 8]);
+            g[..n - full].copy_from_slice(&gate[full..n]);
+            u[..n - full].copy_from_slice(&up[full..n]);
+            let r = silu_mul8(_mm256_loadu_ps(g.as_ptr()), _mm256_loadu_ps(u.as_ptr()));
+            _mm256_storeu_ps(g.as_mut_ptr(), r);
+            gate[full..n].copy_from_slice(&g[..n - full]);
+        }
     }
 
     /// Softmax in place: the max, then `exp8(x - max)` summed in 8 lanes (`hsum`), then

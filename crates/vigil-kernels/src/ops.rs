@@ -22,28 +22,55 @@ pub fn rmsnorm_rows_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
-/// Rotate every head of `x` (`num_heads × head_dim`) by `pos`. `inv_freq` has `head_dim / 2`
-/// entries. `interleaved` pairs `(2i, 2i+1)`; otherwise `(i, i + head_dim/2)` (NeoX / HF).
-pub fn rope(x: &mut [f32], head_dim: usize, pos: u32, inv_freq: &[f32], interleaved: bool) {
-    let half = head_dim / 2;
-    for head in x.chunks_exact_mut(head_dim) {
-        for (i, &freq) in inv_freq.iter().enumerate().take(half) {
-            let angle = pos as f32 * freq;
-            let (sin, cos) = angle.sin_cos();
-            let (a, b) = if interleaved {
-                (2 * i, 2 * i + 1)
-            } else {
-                (i, i + half)
-            };
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * cos - x1 * sin;
-            head[b] = x0 * sin + x1 * cos;
-        }
-    }
+thread_local! {
+    static ROPE_SIN_COS: std::cell::RefCell<Vec<(f32, f32)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `gate[i] = silu(gate[i]) * up[i]` (SwiGLU).
+/// Rotate every head of `x` (`num_heads × head_dim`) by `pos`. `inv_freq` has `head_dim / 2`
+/// entries. `interleaved` pairs `(2i, 2i+1)`; otherwise `(i, i + head_dim/2)` (NeoX / HF).
+/// The angles' sines and cosines are computed once for all heads.
+pub fn rope(x: &mut [f32], head_dim: usize, pos: u32, inv_freq: &[f32], interleaved: bool) {
+    let half = head_dim / 2;
+    ROPE_SIN_COS.with(|cell| {
+        let mut sin_cos = cell.borrow_mut();
+        sin_cos.clear();
+        sin_cos.extend(
+            inv_freq
+                .iter()
+                .take(half)
+                .map(|&freq| (pos as f32 * freq).sin_cos()),
+        );
+        for head in x.chunks_exact_mut(head_dim) {
+            for (i, &(sin, cos)) in sin_cos.iter().enumerate() {
+                let (a, b) = if interleaved {
+                    (2 * i, 2 * i + 1)
+                } else {
+                    (i, i + half)
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    });
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]` (SwiGLU): the AVX2 path (8-lane `exp`, the one
+/// attention's softmax uses) where the CPU has it, else [`silu_mul_scalar`]. Each element's
+/// result depends only on its own inputs and its index mod 8 never matters: the tail past the
+/// last full 8 runs the same vector code on a padded copy.
 pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::features().avx2_fma_f16c {
+        // SAFETY: the features were just checked.
+        return unsafe { crate::attention::simd::silu_mul(gate, up) };
+    }
+    silu_mul_scalar(gate, up)
+}
+
+/// The portable SwiGLU, with libm's `exp`: the reference the AVX2 path is tested against.
+pub fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
     }
@@ -67,5 +94,76 @@ pub fn softmax_inplace(x: &mut [f32]) {
 pub fn add_inplace(acc: &mut [f32], x: &[f32]) {
     for (a, &v) in acc.iter_mut().zip(x) {
         *a += v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fixed pseudo-random sequence in [-1, 1).
+    fn noise(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn silu_mul_matches_the_scalar_reference_on_ragged_lengths() {
+        for n in (0..40).chain([1536, 3072 + 5]) {
+            // Gates over the whole range exp must handle, including past its clamps.
+            let gate: Vec<f32> = noise(n, n as u64).iter().map(|v| v * 100.0).collect();
+            let up = noise(n, 7 + n as u64);
+            let (mut fast, mut reference) = (gate.clone(), gate.clone());
+            silu_mul_inplace(&mut fast, &up);
+            silu_mul_scalar(&mut reference, &up);
+            for (i, (&f, &r)) in fast.iter().zip(&reference).enumerate() {
+                let tol = 4e-6 * r.abs() + 1e-30;
+                assert!(
+                    (f - r).abs() <= tol,
+                    "n {n} i {i}: {f} vs {r} (gate {})",
+                    gate[i]
+                );
+            }
+            // An element's result does not depend on where the row ends.
+            if n > 8 {
+                let mut prefix = gate[..n - 3].to_vec();
+                silu_mul_inplace(&mut prefix, &up[..n - 3]);
+                assert_eq!(prefix, fast[..n - 3], "n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn rope_rotates_every_head_as_the_per_head_formula() {
+        let (head_dim, heads, pos) = (64, 9, 1234u32);
+        let inv_freq: Vec<f32> = (0..head_dim / 2)
+            .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / head_dim as f32))
+            .collect();
+        for interleaved in [false, true] {
+            let x = noise(head_dim * heads, 3);
+            let mut got = x.clone();
+            rope(&mut got, head_dim, pos, &inv_freq, interleaved);
+            let half = head_dim / 2;
+            for (h, head) in x.chunks_exact(head_dim).enumerate() {
+                for (i, &freq) in inv_freq.iter().enumerate() {
+                    let (sin, cos) = (pos as f32 * freq).sin_cos();
+                    let (a, b) = if interleaved {
+                        (2 * i, 2 * i + 1)
+                    } else {
+                        (i, i + half)
+                    };
+                    let o = h * head_dim;
+                    assert_eq!(got[o + a], head[a] * cos - head[b] * sin);
+                    assert_eq!(got[o + b], head[a] * sin + head[b] * cos);
+                }
+            }
+        }
     }
 }

@@ -40,15 +40,17 @@ impl KvCache {
         dtype: KvDtype,
     ) -> Self {
         let n = num_blocks * block_size * kv_dim;
+        // Zeroed allocations: the OS maps pages on first write, so resident memory grows with
+        // the blocks used, not the pool's size (`vec![f16::ZERO; n]` would write every page).
         let layers = match dtype {
             KvDtype::F16 => KvLayers::F16(
                 (0..num_layers)
-                    .map(|_| [vec![f16::ZERO; n], vec![f16::ZERO; n]])
+                    .map(|_| [bytemuck::zeroed_vec(n), bytemuck::zeroed_vec(n)])
                     .collect(),
             ),
             KvDtype::F32 => KvLayers::F32(
                 (0..num_layers)
-                    .map(|_| [vec![0.0; n], vec![0.0; n]])
+                    .map(|_| [bytemuck::zeroed_vec(n), bytemuck::zeroed_vec(n)])
                     .collect(),
             ),
         };
