@@ -43,9 +43,17 @@ fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut buf[..n]
 }
 
+/// Sees the intermediate activations of a step, named as llama.cpp names its graph nodes
+/// (`attn_norm`, `Qcur`, `kqv_out`, `l_out`, ... with the layer; `result_norm`,
+/// `result_output` without), each `rows × width` row-major. For comparing the forward pass
+/// with another implementation layer by layer (`examples/dump_layers.rs`).
+pub type Probe = Box<dyn FnMut(&str, Option<usize>, &[f32]) + Send>;
+
 pub struct Model {
     pub config: ModelConfig,
     pub weights: ModelWeights,
+    /// When set, `forward` hands it every intermediate activation (slower; debugging only).
+    pub probe: Option<Probe>,
     pool: Arc<ThreadPool>,
     state: RunState,
 }
@@ -55,6 +63,7 @@ impl Model {
         Model {
             config,
             weights,
+            probe: None,
             pool,
             state: RunState::default(),
         }
@@ -66,6 +75,11 @@ impl Model {
         let w = &self.weights;
         let pool = &*self.pool;
         let s = &mut self.state;
+        let mut see = |name: &str, layer: Option<usize>, data: &[f32]| {
+            if let Some(probe) = self.probe.as_mut() {
+                probe(name, layer, data);
+            }
+        };
         let (t, h) = (input.num_tokens(), c.hidden_size);
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
 
@@ -73,6 +87,7 @@ impl Model {
         for (row, &tok) in x.chunks_exact_mut(h).zip(&input.token_ids) {
             dequantize_row(&w.token_embd, tok as usize, row);
         }
+        see("embd", None, x);
 
         let mut query_start = 0;
         let seqs: Vec<AttnSeq> = input
@@ -103,6 +118,7 @@ impl Model {
             for (o, i) in xn.chunks_exact_mut(h).zip(s.x.chunks_exact(h)) {
                 rmsnorm(o, i, &layer.attn_norm, c.rms_norm_eps);
             }
+            see("attn_norm", Some(li), xn);
             let q = sized(&mut s.q, t * q_dim);
             let k = sized(&mut s.k, t * kv_dim);
             let v = sized(&mut s.v, t * kv_dim);
@@ -129,6 +145,9 @@ impl Model {
                     interleaved,
                 );
             }
+            see("Qcur", Some(li), q);
+            see("Kcur", Some(li), k);
+            see("Vcur", Some(li), v);
             let attn = sized(&mut s.attn, t * q_dim);
             match &mut kv.layers {
                 KvLayers::F16(layers) => {
@@ -141,16 +160,23 @@ impl Model {
             let proj = sized(&mut s.proj, t * h);
             matmul(pool, &layer.wo, attn, t, proj);
             add_inplace(&mut s.x[..t * h], proj);
+            see("kqv_out", Some(li), attn);
+            see("attn_out", Some(li), proj);
+            see("ffn_inp", Some(li), &s.x[..t * h]);
 
             // Feed-forward block.
             let xn = sized(&mut s.xn, t * h);
             for (o, i) in xn.chunks_exact_mut(h).zip(s.x.chunks_exact(h)) {
                 rmsnorm(o, i, &layer.ffn_norm, c.rms_norm_eps);
             }
+            see("ffn_norm", Some(li), xn);
             let proj = sized(&mut s.proj, t * h);
             match &layer.ffn {
                 FeedForward::Dense(mlp) => {
-                    mlp_forward(pool, mlp, xn, t, &mut s.gate, &mut s.up, proj)
+                    mlp_forward(pool, mlp, xn, t, &mut s.gate, &mut s.up, proj);
+                    let inter = mlp.gate.rows;
+                    see("ffn_up", Some(li), &s.up[..t * inter]);
+                    see("ffn_swiglu", Some(li), &s.gate[..t * inter]);
                 }
                 FeedForward::Sparse(moe) => {
                     let top_k = c.moe.as_ref().map_or(1, |m| m.num_experts_per_tok);
@@ -166,7 +192,9 @@ impl Model {
                     moe_forward(pool, moe, top_k, norm_topk, xn, t, h, scratch, proj);
                 }
             }
+            see("ffn_out", Some(li), proj);
             add_inplace(&mut s.x[..t * h], proj);
+            see("l_out", Some(li), &s.x[..t * h]);
         }
 
         // Only the sampled rows go through the final norm and the vocabulary projection.
@@ -175,8 +203,10 @@ impl Model {
         for (o, &r) in sampled.chunks_exact_mut(h).zip(&input.sample_rows) {
             rmsnorm(o, &s.x[r * h..(r + 1) * h], &w.output_norm, c.rms_norm_eps);
         }
+        see("result_norm", None, sampled);
         let logits = sized(&mut s.logits, n * c.vocab_size);
         matmul(pool, &w.output, sampled, n, logits);
+        see("result_output", None, logits);
         &s.logits[..n * c.vocab_size]
     }
 }
