@@ -68,7 +68,18 @@ pub fn router(state: SharedState) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::map_response(name_the_server))
         .with_state(state)
+}
+
+/// Every response names the engine and its version, so a benchmark's result file can record
+/// what it measured.
+async fn name_the_server(mut res: Response) -> Response {
+    res.headers_mut().insert(
+        axum::http::header::SERVER,
+        axum::http::HeaderValue::from_static(concat!("vigil/", env!("CARGO_PKG_VERSION"))),
+    );
+    res
 }
 
 /// Records a failed request in the metrics and answers in the error's envelope.

@@ -136,6 +136,9 @@ fn check_file(file: &Value, workload: &str, labels: &[&str]) -> Vec<Value> {
     let t = &targets[0];
     assert_eq!(t["name"], "vigil");
     assert_eq!(t["owned_by"], "vigil");
+    // The engine's name and version, from its `server` header.
+    let server = t["server_header"].as_str().unwrap_or_default();
+    assert!(server.starts_with("vigil/0."), "{server}");
     assert!(!t["model"].as_str().unwrap_or_default().is_empty());
     // Prompts are priced with the server's own tokenizer route (or a local tokenizer), not
     // by generating.

@@ -25,11 +25,13 @@ pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String
             .iter()
             .map(|t| {
                 format!(
-                    "{} = {} at {} (engine: {})",
+                    "{} = {} at {} (engine: {}{})",
                     t.name,
                     t.model,
                     t.url,
-                    engine_name(t.owned_by.as_deref())
+                    engine_name(t.owned_by.as_deref()),
+                    (t.server_header.as_deref())
+                        .map_or(String::new(), |s| format!(", server: {s}"))
                 )
             })
             .collect();
