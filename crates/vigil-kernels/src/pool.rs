@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 /// Chunks each thread owns per job: more lets busy threads take over a stalled one's work,
 /// at the cost of one atomic claim per chunk.
-const CHUNKS_PER_THREAD: usize = 4;
+pub const CHUNKS_PER_THREAD: usize = 4;
 
 /// How long an idle worker spins before parking.
 const SPIN_BEFORE_PARK: Duration = Duration::from_micros(300);

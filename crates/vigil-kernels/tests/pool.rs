@@ -41,12 +41,15 @@ fn chunks_are_contiguous_and_the_caller_runs_the_first() {
             *owner[i].lock().unwrap() = Some(std::thread::current().id());
         });
         let ids: Vec<_> = owner.iter().map(|o| o.lock().unwrap().unwrap()).collect();
-        // Chunk t is tasks [t*100/3, (t+1)*100/3): one thread runs each chunk whole.
-        for t in 0..3 {
-            let chunk = &ids[t * 100 / 3..(t + 1) * 100 / 3];
+        // Chunk c is tasks [c*100/n, (c+1)*100/n), n = 3 threads × CHUNKS_PER_THREAD: one
+        // thread runs each chunk whole (which thread may vary: an idle one claims chunks that
+        // a descheduled one has not started).
+        let n = 3 * vigil_kernels::pool::CHUNKS_PER_THREAD;
+        for c in 0..n {
+            let chunk = &ids[c * 100 / n..(c + 1) * 100 / n];
             assert!(
                 chunk.iter().all(|id| *id == chunk[0]),
-                "chunk {t} split between threads"
+                "chunk {c} split between threads"
             );
         }
         assert_eq!(
