@@ -193,9 +193,13 @@ pub fn start(
             arrived,
             foreground,
         };
-        let (outcome, finished) = drive(&state, stream, tx, ctx).await;
+        let (outcome, finished, done) = drive(&state, stream, &tx, ctx).await;
+        // The turn ends (a session's next turn may begin) before the client can see its end.
         if let Some(hook) = on_finish {
             hook(finished);
+        }
+        if let Some(done) = done {
+            let _ = tx.send(done);
         }
         if foreground {
             state.metrics.record(outcome);
@@ -224,9 +228,9 @@ struct DriveCtx {
 async fn drive(
     state: &SharedState,
     mut stream: vigil_engine::engine_thread::RequestStream,
-    tx: mpsc::UnboundedSender<GenEvent>,
+    tx: &mpsc::UnboundedSender<GenEvent>,
     ctx: DriveCtx,
-) -> (Outcome, Option<Finished>) {
+) -> (Outcome, Option<Finished>, Option<GenEvent>) {
     let tokenizer = state.tokenizer.clone();
     let mut detok = IncrementalDetokenizer::new(&tokenizer, &ctx.prompt_tail, true);
     let mut stops = StopMatcher::new(ctx.stop_strings.clone());
@@ -241,11 +245,11 @@ async fn drive(
     loop {
         let event = tokio::select! {
             ev = stream.next() => ev,
-            _ = tx.closed() => return (Outcome::Cancelled, None),
+            _ = tx.closed() => return (Outcome::Cancelled, None, None),
         };
         let Some(event) = event else {
             let _ = tx.send(GenEvent::Failed(ApiError::internal("the engine stopped")));
-            return (Outcome::ServerError, None);
+            return (Outcome::ServerError, None, None);
         };
         match event {
             RequestEvent::Admitted { num_cached_tokens } => cached_tokens = num_cached_tokens,
@@ -270,7 +274,7 @@ async fn drive(
                     Ok(p) => p,
                     Err(e) => {
                         let _ = tx.send(GenEvent::Failed(ApiError::internal(e.to_string())));
-                        return (Outcome::ServerError, None);
+                        return (Outcome::ServerError, None, None);
                     }
                 };
                 if want_token_text {
@@ -282,21 +286,21 @@ async fn drive(
                         text,
                         tokens: std::mem::take(&mut pending_tokens),
                     });
-                    let _ = tx.send(GenEvent::Done {
+                    let done = GenEvent::Done {
                         finish: Finish::StopString(matched),
                         usage: Usage {
                             prompt_tokens: ctx.prompt_len,
                             cached_tokens,
                             completion_tokens: num_tokens,
                         },
-                    });
+                    };
                     let finished = Finished {
                         reason: FinishReason::Stop,
                         by_stop_string: true,
                         output_ids,
                         first_top,
                     };
-                    return (Outcome::Ok, Some(finished));
+                    return (Outcome::Ok, Some(finished), Some(done));
                 }
                 if (!text.is_empty() || !pending_tokens.is_empty())
                     && tx
@@ -306,7 +310,7 @@ async fn drive(
                         })
                         .is_err()
                 {
-                    return (Outcome::Cancelled, None);
+                    return (Outcome::Cancelled, None, None);
                 }
             }
             RequestEvent::Finished {
@@ -329,25 +333,25 @@ async fn drive(
                         context_full: context_capped,
                     },
                 };
-                let _ = tx.send(GenEvent::Done {
+                let done = GenEvent::Done {
                     finish,
                     usage: Usage {
                         prompt_tokens: num_prompt_tokens,
                         cached_tokens: num_cached_tokens,
                         completion_tokens: num_output_tokens,
                     },
-                });
+                };
                 let finished = Finished {
                     reason,
                     by_stop_string: false,
                     output_ids,
                     first_top,
                 };
-                return (Outcome::Ok, Some(finished));
+                return (Outcome::Ok, Some(finished), Some(done));
             }
             RequestEvent::Failed(msg) => {
                 let _ = tx.send(GenEvent::Failed(ApiError::internal(msg)));
-                return (Outcome::ServerError, None);
+                return (Outcome::ServerError, None, None);
             }
         }
     }
