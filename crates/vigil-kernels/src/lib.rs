@@ -12,6 +12,7 @@ pub mod ops;
 pub mod pool;
 pub mod quant;
 pub mod storage;
+mod vector_math;
 
 pub use dtype::DType;
 pub use storage::{QMatrix, WeightData};

@@ -64,7 +64,7 @@ pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::features().avx2_fma_f16c {
         // SAFETY: the features were just checked.
-        return unsafe { crate::attention::simd::silu_mul(gate, up) };
+        return unsafe { crate::vector_math::avx2::silu_mul(gate, up) };
     }
     silu_mul_scalar(gate, up)
 }

@@ -1,0 +1,69 @@
+//! Element-wise math in SIMD lanes shared by several kernels: `exp` (attention's softmax,
+//! SwiGLU) and the SwiGLU built on it.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// `e^x` in 8 lanes (Cephes `expf`: 2^n by exponent bits times a degree-6 polynomial on
+    /// the remainder), within 2 ulp of the exact value over the softmax range (x <= 0).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn exp8(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(
+            _mm256_min_ps(x, _mm256_set1_ps(88.376_26)),
+            _mm256_set1_ps(-88.376_26),
+        );
+        let fx = _mm256_fmadd_ps(
+            x,
+            _mm256_set1_ps(std::f32::consts::LOG2_E),
+            _mm256_set1_ps(0.5),
+        );
+        let fx = _mm256_floor_ps(fx);
+        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+        }
+        let y = _mm256_fmadd_ps(
+            y,
+            _mm256_mul_ps(r, r),
+            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+        );
+        let n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
+        _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(n)))
+    }
+
+    /// `gate[i] = silu(gate[i]) * up[i]` with `exp8`; the tail goes through a zero-padded
+    /// 8-lane copy so every element takes the same operations. Lengths must match.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        let n = gate.len().min(up.len());
+        let one = _mm256_set1_ps(1.0);
+        let silu_mul8 = |g: __m256, u: __m256| {
+            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+            _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u)
+        };
+        let full = n / 8 * 8;
+        let (gp, up_) = (gate.as_mut_ptr(), up.as_ptr());
+        for i in (0..full).step_by(8) {
+            let r = silu_mul8(_mm256_loadu_ps(gp.add(i)), _mm256_loadu_ps(up_.add(i)));
+            _mm256_storeu_ps(gp.add(i), r);
+        }
+        if full < n {
+            let (mut g, mut u) = ([0f32; 8], [0f32; 8]);
+            g[..n - full].copy_from_slice(&gate[full..n]);
+            u[..n - full].copy_from_slice(&up[full..n]);
+            let r = silu_mul8(_mm256_loadu_ps(g.as_ptr()), _mm256_loadu_ps(u.as_ptr()));
+            _mm256_storeu_ps(g.as_mut_ptr(), r);
+            gate[full..n].copy_from_slice(&g[..n - full]);
+        }
+    }
+}
