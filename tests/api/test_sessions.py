@@ -1025,9 +1025,11 @@ def test_flash_evaluation_skips_to_the_newest_version(qwen, qclient, janitor):
     s = create(qclient, qwen, janitor)
     f = qclient.sessions.flash(s.id, "Summarise everything so far in detail.", max_tokens=256)
     m0 = qwen.metrics_text()
+    # Each push waits (polling every 2 ms; the client's default is 100 ms) until its batch is
+    # KV-resident, so every batch is its own version and they land back to back, several per
+    # 256-token evaluation whatever the machine's speed.
     for i in range(12):
-        qclient.sessions.push(s.id, [f"batch {i} value {i * 7}"])
-        time.sleep(0.03)
+        qclient.sessions.push(s.id, [f"batch {i} value {i * 7}"], wait=True, wait_interval=0.002)
     settled, _ = settle_session(qwen, s.id)
     version = settled["data_version"]
     q = next(x for x in wait_flash_fresh(qwen, s.id)["data"] if x["id"] == f.id)
