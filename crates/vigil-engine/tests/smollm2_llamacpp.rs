@@ -7,10 +7,12 @@
 //!   llama.cpp's own margin at that step is a near tie.
 //!
 //! Why not bit-for-bit: both engines quantize activations to 8 bits, each with its own
-//! rounding, and llama.cpp is not consistent with itself across batch shapes (its one-token
-//! decode and 64-token batch differ by up to 0.8 logits, and disagree on top-1 at several of
-//! these positions). At a near tie, that noise, not the model, picks the token. Measured with
-//! this test (`--nocapture`): |Δlogit| on llama.cpp's top-5 median 0.12–0.16.
+//! rounding, and llama.cpp is not consistent with itself across batch shapes or attention
+//! kernels: fed one token per step, or with flash attention on, it agrees with these (one
+//! batch, flash attention off) references at 311/320 positions, and with flash attention on
+//! its greedy continuation matches 1 of 5 (`scripts/llamacpp_self_agreement.py`). At a near
+//! tie, that noise, not the model, picks the token. Measured with this test (`--nocapture`):
+//! 313/320, |Δlogit| on llama.cpp's top-5 median 0.10–0.16 (docs/testing.md).
 //!
 //! Needs `VIGIL_TEST_GGUF`; skipped with a message when unset.
 
