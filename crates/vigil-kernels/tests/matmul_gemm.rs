@@ -1,7 +1,8 @@
-//! The repacked-weight GEMM kernel for Q4_0 / Q4_1 (`quant::dot::avx2_gemm`, used from 4
-//! activation rows on) against the scalar path, bit for bit: random shapes with ragged edges
-//! (weight rows not a multiple of 8, activation rows not a multiple of the tile or the chunk),
-//! 1 and 2 threads, and the largest integer block dots the i16 partial sums must hold.
+//! The repacked-weight GEMM kernels for Q4_0 / Q4_1 (`quant::dot::avx2_gemm`) and Q8_0
+//! (`quant::dot::avx2_gemm_q8`), used from 4 activation rows on, against the scalar path, bit
+//! for bit: random shapes with ragged edges (weight rows not a multiple of 8, activation rows
+//! not a multiple of the tile or the chunk), 1 and 2 threads, and the largest integer block
+//! dots the i16 partial sums must hold.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -10,6 +11,9 @@ use vigil_kernels::matmul::{matmul, matmul_scalar};
 use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::storage::AlignedBytes;
 use vigil_kernels::{DType, QMatrix, WeightData};
+
+/// The weight formats with a repacked-weight GEMM kernel.
+const GEMM_DTYPES: [DType; 3] = [DType::Q4_0, DType::Q4_1, DType::Q8_0];
 
 fn matrix(dtype: DType, rows: usize, cols: usize, bytes: Vec<u8>) -> QMatrix {
     assert_eq!(bytes.len(), rows * cols / 32 * dtype.type_size());
@@ -21,7 +25,8 @@ fn matrix(dtype: DType, rows: usize, cols: usize, bytes: Vec<u8>) -> QMatrix {
     }
 }
 
-/// Random quants with f16 scales (and Q4_1 mins) of realistic size; `fill` overrides quants.
+/// Random quants (Q8_0: any byte, -128 included) with f16 scales (and Q4_1 mins) of realistic
+/// size; `fill` overrides quants.
 fn weights(
     rng: &mut ChaCha8Rng,
     dtype: DType,
@@ -72,7 +77,7 @@ fn check(pool: &ThreadPool, w: &QMatrix, x: &[f32], m: usize, what: &str) {
 fn random_shapes_match_scalar_bit_for_bit() {
     let mut rng = ChaCha8Rng::seed_from_u64(21);
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-    for dtype in [DType::Q4_0, DType::Q4_1] {
+    for dtype in GEMM_DTYPES {
         for &m in &[4usize, 5, 7, 8, 63, 64, 65, 133] {
             for pool in &pools {
                 let rows = rng.random_range(1..70);
@@ -93,7 +98,7 @@ fn model_shapes_match_scalar_bit_for_bit() {
     // both threads, with a batch that is not a multiple of the tile.
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let pool = ThreadPool::new(2);
-    for dtype in [DType::Q4_0, DType::Q4_1] {
+    for dtype in GEMM_DTYPES {
         for (rows, cols, m) in [(576, 1536, 37), (203, 576, 70)] {
             let w = weights(&mut rng, dtype, rows, cols, None);
             let mut x: Vec<f32> = (0..m * cols)
@@ -110,10 +115,16 @@ fn model_shapes_match_scalar_bit_for_bit() {
 fn extreme_block_dots_are_exact() {
     // All weight nibbles 15 against activations that quantize to ±127 (and a -127/127 mix):
     // each row's i16 partial sums reach 8 · 2 · 15 · 127 = 30480, the most they must hold.
+    // Q8_0: all weights -128 (or ±127), whose pair sums reach 2 · 128 · 127 = 32512.
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let pool = ThreadPool::new(2);
-    for dtype in [DType::Q4_0, DType::Q4_1] {
-        for q in [0xFFu8, 0x0F, 0x00] {
+    for dtype in GEMM_DTYPES {
+        let fills: &[u8] = if dtype == DType::Q8_0 {
+            &[0x80, 0x7F, 0x81]
+        } else {
+            &[0xFF, 0x0F, 0x00]
+        };
+        for &q in fills {
             let (rows, cols, m) = (16, 256, 9);
             let w = weights(&mut rng, dtype, rows, cols, Some(q));
             let x: Vec<f32> = (0..m * cols)
@@ -139,7 +150,7 @@ fn rows_do_not_depend_on_batch_position() {
     // A row's outputs alone (decode kernel), in a 4-row tile, and in the 1-row remainder tile.
     let mut rng = ChaCha8Rng::seed_from_u64(13);
     let pool = ThreadPool::new(2);
-    for dtype in [DType::Q4_0, DType::Q4_1] {
+    for dtype in GEMM_DTYPES {
         let (rows, cols) = (45, 320);
         let w = weights(&mut rng, dtype, rows, cols, None);
         let row: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0f32..1.0)).collect();

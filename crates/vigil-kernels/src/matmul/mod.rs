@@ -23,8 +23,9 @@ use std::cell::RefCell;
 
 /// Weight rows are split between threads in multiples of this (the decode tile's width).
 const ROW_ALIGN: usize = 8;
-/// From this many activation rows, Q4_0 / Q4_1 use the repacked-weight GEMM kernel
-/// (`avx2_gemm`); below it (decode), the row tiles that stream the weights in place.
+/// From this many activation rows, Q4_0 / Q4_1 / Q8_0 use the repacked-weight GEMM kernels
+/// (`avx2_gemm`, `avx2_gemm_q8`); below it (decode), the row tiles that stream the weights in
+/// place.
 #[cfg(target_arch = "x86_64")]
 const GEMM_MIN_ROWS: usize = 4;
 /// Below this much work (weight bytes × activation rows) the call stays on one thread.
@@ -217,22 +218,10 @@ trait Fmt32Path {
     );
 }
 
+/// `$gemm`: the repacked-weight GEMM kernel used from `GEMM_MIN_ROWS` activation rows on;
+/// below that, the row tiles of `$avx`.
 macro_rules! fmt32 {
-    ($name:ident, $w:ty, $a:ty, $dot:path, $avx:ty, nibbles) => {
-        fmt32!(@impl $name, $w, $a, $dot, |w, rows, acts, r0, r1, out| {
-            if acts.m >= GEMM_MIN_ROWS {
-                crate::quant::dot::avx2_gemm::matmul_rows::<$avx>(w, rows, acts, r0, r1, out)
-            } else {
-                crate::quant::dot::avx2::matmul_rows::<$avx>(w, rows, acts, r0, r1, out)
-            }
-        });
-    };
-    ($name:ident, $w:ty, $a:ty, $dot:path, $avx:ty) => {
-        fmt32!(@impl $name, $w, $a, $dot, |w, rows, acts, r0, r1, out| {
-            crate::quant::dot::avx2::matmul_rows::<$avx>(w, rows, acts, r0, r1, out)
-        });
-    };
-    (@impl $name:ident, $w:ty, $a:ty, $dot:path, |$wv:ident, $rows:ident, $acts:ident, $r0:ident, $r1:ident, $out:ident| $body:block) => {
+    ($name:ident, $w:ty, $a:ty, $dot:path, $avx:ty, $gemm:expr) => {
         struct $name;
         impl Fmt32Path for $name {
             type W = $w;
@@ -242,14 +231,18 @@ macro_rules! fmt32 {
             }
             #[cfg(target_arch = "x86_64")]
             unsafe fn avx2_rows(
-                $wv: &[$w],
-                $rows: usize,
-                $acts: &Acts32<$a>,
-                $r0: usize,
-                $r1: usize,
-                $out: *mut f32,
+                w: &[$w],
+                rows: usize,
+                acts: &Acts32<$a>,
+                r0: usize,
+                r1: usize,
+                out: *mut f32,
             ) {
-                $body
+                if acts.m >= GEMM_MIN_ROWS {
+                    $gemm(w, rows, acts, r0, r1, out)
+                } else {
+                    crate::quant::dot::avx2::matmul_rows::<$avx>(w, rows, acts, r0, r1, out)
+                }
             }
         }
     };
@@ -261,7 +254,7 @@ fmt32!(
     BlockQ8_0,
     scalar::dot_q4_0_q8_0,
     crate::quant::dot::avx2::Q4_0,
-    nibbles
+    crate::quant::dot::avx2_gemm::matmul_rows::<crate::quant::dot::avx2::Q4_0>
 );
 fmt32!(
     Q4_1Fmt,
@@ -269,14 +262,15 @@ fmt32!(
     BlockQ8_1,
     scalar::dot_q4_1_q8_1,
     crate::quant::dot::avx2::Q4_1,
-    nibbles
+    crate::quant::dot::avx2_gemm::matmul_rows::<crate::quant::dot::avx2::Q4_1>
 );
 fmt32!(
     Q8_0Fmt,
     BlockQ8_0,
     BlockQ8_0,
     scalar::dot_q8_0_q8_0,
-    crate::quant::dot::avx2::Q8_0
+    crate::quant::dot::avx2::Q8_0,
+    crate::quant::dot::avx2_gemm_q8::matmul_rows
 );
 
 fn rows_32<F: Fmt32Path>(

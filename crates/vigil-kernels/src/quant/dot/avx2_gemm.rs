@@ -202,7 +202,7 @@ unsafe fn tile<F: Nibble32, const R: usize>(
 /// Store tile row `i`'s 8 lanes at `out[i * rows + j0..]`, dropping weight rows `>= r1`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store(out: *mut f32, rows: usize, v: __m256, i: usize, j0: usize, r1: usize) {
+pub(super) unsafe fn store(out: *mut f32, rows: usize, v: __m256, i: usize, j0: usize, r1: usize) {
     let dst = out.add(i * rows + j0);
     if j0 + 8 <= r1 {
         _mm256_storeu_ps(dst, v);

@@ -5,9 +5,9 @@
 //! super-blocks) compute, per block, an exact integer dot product of the weight and activation
 //! quants, then fold it into an f32 sum in block order with the formulas below
 //! (`acc_*`). Integer arithmetic is exact and the float operations are the same IEEE operations
-//! in the same order on every path, so the scalar path (`scalar`) and the AVX2 tiles (`avx2`,
-//! `avx2_k`) give bit-identical results, and a result does not depend on which tile shape or
-//! thread computed it.
+//! in the same order on every path, so the scalar path (`scalar`) and the AVX2 kernels (`avx2`,
+//! `avx2_gemm`, `avx2_gemm_q8`, `avx2_k`) give bit-identical results, and a result does not
+//! depend on which tile shape or thread computed it.
 //!
 //! Float formats (F32, F16, BF16) are reduced differently per path: the scalar path sums in
 //! order; the AVX2 path keeps 8 FMA lanes over chunks of 8, sums the lanes with a fixed tree
@@ -22,6 +22,8 @@ pub mod avx2;
 pub mod avx2_float;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_gemm;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_gemm_q8;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_k;
 

@@ -1,0 +1,182 @@
+//! AVX2 prefill micro-kernel for Q8_0 weights × Q8_0 activations, over weights repacked 8 rows
+//! at a time (the Q8_0 counterpart of `avx2_gemm`).
+//!
+//! For each group of 8 weight rows the thread repacks the blocks into an L1-resident buffer
+//! (`Packed`): per block, the 8 rows' scales as f32 lanes and their 32 signed quants
+//! interleaved 4 bytes per row, so that vector `h` holds bytes `4h..4h + 4` of every row.
+//! Multiplying it by the activation's bytes `4h..4h + 4` broadcast to every lane puts row `k`'s
+//! partial dot in lane pair `k`. The product is signed × signed, so the weight's sign moves
+//! onto the activation: `maddubs(|w|, y · sign w)`. `|w|` read as unsigned keeps w = -128
+//! exact, and activations from our quantizer never reach -128, so `y · sign w` cannot
+//! overflow. A `maddubs` pair sum reaches 2 · 128 · 127 = 32512, so two of them could overflow
+//! i16: each `h`'s pairs are widened (`madd` by ones) and summed in i32, giving each row's
+//! exact integer block dot in i32 lane `k` with no horizontal reduction. The per-lane float
+//! fold is `super::acc_q8` in block order, so every output equals the scalar path bit for bit.
+//!
+//! A tile is `MR` activation rows × the group's 8 weight rows: each packed weight vector
+//! serves `MR` rows from registers, and the group's buffer serves every activation row of a
+//! chunk from L1.
+
+// Index loops mirror the block layouts and the tile shapes.
+#![allow(clippy::needless_range_loop)]
+
+use super::avx2_gemm::store;
+use super::Acts32;
+use crate::quant::blocks::BlockQ8_0;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Activation rows per pass over a thread's weight groups: their quantized blocks stay in L2
+/// while each group's packed buffer (288 bytes a block) serves them all from L1.
+const ROW_CHUNK: usize = 64;
+/// Activation rows per register tile.
+const MR: usize = 4;
+
+/// One block of 8 weight rows, as the micro-kernel streams it.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub struct Packed {
+    d: [f32; 8],
+    qs: [[i8; 32]; 8],
+}
+
+const ZERO: Packed = Packed {
+    d: [0.0; 8],
+    qs: [[0; 32]; 8],
+};
+
+thread_local! {
+    static PACKED: RefCell<Vec<Packed>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Repack weight rows `j0..j0 + 8` (rows `>= r1` repeat row `r1 - 1`; their outputs are
+/// dropped) into `out[..nb]`.
+///
+/// # Safety
+/// AVX2+F16C; `w` holds at least `r1 * nb` blocks; `j0 < r1`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack(w: &[BlockQ8_0], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
+    let rows: [&[BlockQ8_0]; 8] = std::array::from_fn(|k| {
+        let j = (j0 + k).min(r1 - 1);
+        &w[j * nb..(j + 1) * nb]
+    });
+    for (b, p) in out[..nb].iter_mut().enumerate() {
+        // An 8 × 8 dword transpose: r[k] holds row k's dwords, v[h] dword h of every row.
+        let r: [__m256i; 8] =
+            std::array::from_fn(|k| _mm256_loadu_si256(rows[k][b].qs.as_ptr().cast()));
+        let t: [__m256i; 8] = std::array::from_fn(|k| {
+            let (x, y) = (r[k / 2 * 2], r[k / 2 * 2 + 1]);
+            if k % 2 == 0 {
+                _mm256_unpacklo_epi32(x, y)
+            } else {
+                _mm256_unpackhi_epi32(x, y)
+            }
+        });
+        // u[4g + c]: dwords c and c + 4 of rows 4g..4g + 4 (c = 0..4).
+        let u: [__m256i; 8] = std::array::from_fn(|k| {
+            let (g, c) = (k / 4, k % 4);
+            let (x, y) = (t[4 * g + c / 2], t[4 * g + 2 + c / 2]);
+            if c % 2 == 0 {
+                _mm256_unpacklo_epi64(x, y)
+            } else {
+                _mm256_unpackhi_epi64(x, y)
+            }
+        });
+        for c in 0..4 {
+            let v_lo = _mm256_permute2x128_si256::<0x20>(u[c], u[4 + c]);
+            let v_hi = _mm256_permute2x128_si256::<0x31>(u[c], u[4 + c]);
+            _mm256_store_si256(p.qs[c].as_mut_ptr().cast(), v_lo);
+            _mm256_store_si256(p.qs[c + 4].as_mut_ptr().cast(), v_hi);
+        }
+        let d: [u16; 8] = std::array::from_fn(|k| rows[k][b].d.to_bits());
+        // f16 → f32 is exact, so converting here instead of per use changes no result.
+        _mm256_store_ps(
+            p.d.as_mut_ptr(),
+            _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast())),
+        );
+    }
+}
+
+/// The `R × 8` outputs of activation rows `i0..i0 + R` against one packed group, lane `k` of
+/// result `i` being weight row `k` of the group.
+///
+/// # Safety
+/// AVX2; `pk` holds `nb` blocks; `acts` covers rows `i0..i0 + R`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<const R: usize>(pk: &[Packed], acts: &Acts32<BlockQ8_0>, i0: usize) -> [__m256; R] {
+    let (m, nb) = (acts.m, acts.nb);
+    let ones = _mm256_set1_epi16(1);
+    let ya: [*const i8; R] = std::array::from_fn(|i| acts.blocks[(i0 + i) * nb].qs.as_ptr());
+    let stride = std::mem::size_of::<BlockQ8_0>();
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..nb {
+        let p = pk.as_ptr().add(b);
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for h in 0..8 {
+            let w = _mm256_load_si256((*p).qs[h].as_ptr().cast());
+            let abs_w = _mm256_sign_epi8(w, w);
+            for i in 0..R {
+                let y = ya[i].add(b * stride + 4 * h).cast::<i32>().read_unaligned();
+                let y_signed = _mm256_sign_epi8(_mm256_set1_epi32(y), w);
+                let pairs = _mm256_maddubs_epi16(abs_w, y_signed);
+                sumi[i] = _mm256_add_epi32(sumi[i], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+        let dx = _mm256_load_ps((*p).d.as_ptr());
+        let side = b * m + i0;
+        for i in 0..R {
+            let dy = _mm256_set1_ps(*acts.d.get_unchecked(side + i));
+            let t = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi[i]), _mm256_mul_ps(dx, dy));
+            acc[i] = _mm256_add_ps(acc[i], t);
+        }
+    }
+    acc
+}
+
+/// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`.
+///
+/// # Safety
+/// AVX2+FMA+F16C available; `w` holds `rows * nb` blocks; `out` addresses `m * rows` floats
+/// and no other thread writes columns `r0..r1`; the activation side arrays are filled.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn matmul_rows(
+    w: &[BlockQ8_0],
+    rows: usize,
+    acts: &Acts32<BlockQ8_0>,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    let (m, nb) = (acts.m, acts.nb);
+    PACKED.with(|cell| {
+        let mut fresh = Vec::new();
+        let mut guard = cell.try_borrow_mut();
+        let buf = match guard {
+            Ok(ref mut v) => &mut **v,
+            // Re-entered on this thread (not expected): use a private buffer.
+            Err(_) => &mut fresh,
+        };
+        if buf.len() < nb {
+            buf.resize(nb, ZERO);
+        }
+        for c0 in (0..m).step_by(ROW_CHUNK) {
+            let c1 = (c0 + ROW_CHUNK).min(m);
+            let full = c0 + (c1 - c0) / MR * MR;
+            for j0 in (r0..r1).step_by(8) {
+                pack(w, nb, j0, r1, buf);
+                let pk = &buf[..nb];
+                for i0 in (c0..full).step_by(MR) {
+                    let acc = tile::<MR>(pk, acts, i0);
+                    for i in 0..MR {
+                        store(out, rows, acc[i], i0 + i, j0, r1);
+                    }
+                }
+                for i0 in full..c1 {
+                    let [acc] = tile::<1>(pk, acts, i0);
+                    store(out, rows, acc, i0, j0, r1);
+                }
+            }
+        }
+    });
+}
