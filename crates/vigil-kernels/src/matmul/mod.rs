@@ -270,7 +270,7 @@ fmt32!(
     BlockQ8_0,
     scalar::dot_q8_0_q8_0,
     crate::quant::dot::avx2::Q8_0,
-    crate::quant::dot::avx2_gemm_q8::matmul_rows
+    crate::quant::dot::avx2_gemm::matmul_rows::<crate::quant::dot::avx2::Q8_0>
 );
 
 fn rows_32<F: Fmt32Path>(

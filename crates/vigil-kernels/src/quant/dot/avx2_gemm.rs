@@ -14,7 +14,8 @@
 //!
 //! A tile is `MR` activation rows × the group's 8 weight rows: each unpacked weight vector
 //! serves `MR` rows from registers, and the group's buffer serves every activation row of a
-//! chunk from L1.
+//! chunk from L1. The loop over chunks, groups and tiles (`matmul_rows`) is shared with the
+//! Q8_0 kernel (`avx2_gemm_q8`) through the `Repacked` trait.
 
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
@@ -39,14 +40,53 @@ pub struct Packed {
     qs: [[u8; 32]; 4],
 }
 
-const ZERO: Packed = Packed {
-    d: [0.0; 8],
-    m: [0.0; 8],
-    qs: [[0; 32]; 4],
-};
+/// 32 aligned bytes: the unit of the per-thread buffer every kernel's packed blocks live in.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Align32([u8; 32]);
 
 thread_local! {
-    static PACKED: RefCell<Vec<Packed>> = const { RefCell::new(Vec::new()) };
+    static PACKED: RefCell<Vec<Align32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A repacked-weight micro-kernel as `matmul_rows` drives it: how a group of 8 weight rows is
+/// packed, and how a tile of activation rows is multiplied against the packed group.
+pub trait Repacked {
+    type W;
+    type A;
+    /// One block of 8 weight rows: plain numbers (any bits valid), 32-byte aligned, a multiple
+    /// of 32 bytes.
+    type Packed: Copy;
+    /// Repack weight rows `j0..j0 + 8` (rows `>= r1` repeat row `r1 - 1`; their outputs are
+    /// dropped) into `out[..nb]`.
+    ///
+    /// # Safety
+    /// AVX2+F16C; `w` holds at least `r1 * nb` blocks; `j0 < r1`.
+    unsafe fn pack(w: &[Self::W], nb: usize, j0: usize, r1: usize, out: &mut [Self::Packed]);
+    /// The `R × 8` outputs of activation rows `i0..i0 + R` against one packed group, lane `k`
+    /// of result `i` being weight row `k` of the group.
+    ///
+    /// # Safety
+    /// AVX2; `pk` holds `nb` blocks; `acts` covers rows `i0..i0 + R`.
+    unsafe fn tile<const R: usize>(
+        pk: &[Self::Packed],
+        acts: &Acts32<Self::A>,
+        i0: usize,
+    ) -> [__m256; R];
+}
+
+impl<F: Nibble32> Repacked for F {
+    type W = F::W;
+    type A = F::A;
+    type Packed = Packed;
+    #[inline]
+    unsafe fn pack(w: &[F::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
+        pack::<F>(w, nb, j0, r1, out)
+    }
+    #[inline]
+    unsafe fn tile<const R: usize>(pk: &[Packed], acts: &Acts32<F::A>, i0: usize) -> [__m256; R] {
+        tile::<F, R>(pk, acts, i0)
+    }
 }
 
 /// A 4-bit weight format and its activation format, as this kernel sees them.
@@ -202,7 +242,7 @@ unsafe fn tile<F: Nibble32, const R: usize>(
 /// Store tile row `i`'s 8 lanes at `out[i * rows + j0..]`, dropping weight rows `>= r1`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn store(out: *mut f32, rows: usize, v: __m256, i: usize, j0: usize, r1: usize) {
+unsafe fn store(out: *mut f32, rows: usize, v: __m256, i: usize, j0: usize, r1: usize) {
     let dst = out.add(i * rows + j0);
     if j0 + 8 <= r1 {
         _mm256_storeu_ps(dst, v);
@@ -221,40 +261,47 @@ pub(super) unsafe fn store(out: *mut f32, rows: usize, v: __m256, i: usize, j0: 
 /// AVX2+FMA+F16C available; `w` holds `rows * nb` blocks; `out` addresses `m * rows` floats
 /// and no other thread writes columns `r0..r1`; the activation side arrays are filled.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn matmul_rows<F: Nibble32>(
-    w: &[F::W],
+pub unsafe fn matmul_rows<K: Repacked>(
+    w: &[K::W],
     rows: usize,
-    acts: &Acts32<F::A>,
+    acts: &Acts32<K::A>,
     r0: usize,
     r1: usize,
     out: *mut f32,
 ) {
+    const {
+        assert!(std::mem::size_of::<K::Packed>().is_multiple_of(32));
+        assert!(std::mem::align_of::<K::Packed>() <= 32);
+    }
     let (m, nb) = (acts.m, acts.nb);
+    let units = nb * std::mem::size_of::<K::Packed>() / 32;
     PACKED.with(|cell| {
         let mut fresh = Vec::new();
         let mut guard = cell.try_borrow_mut();
-        let buf = match guard {
+        let units_buf = match guard {
             Ok(ref mut v) => &mut **v,
             // Re-entered on this thread (not expected): use a private buffer.
             Err(_) => &mut fresh,
         };
-        if buf.len() < nb {
-            buf.resize(nb, ZERO);
+        if units_buf.len() < units {
+            units_buf.resize(units, Align32([0; 32]));
         }
+        // SAFETY: the buffer is 32-byte aligned and holds `nb` packed blocks' bytes, and any
+        // bits are a valid `K::Packed` (plain numbers).
+        let buf = std::slice::from_raw_parts_mut(units_buf.as_mut_ptr().cast::<K::Packed>(), nb);
         for c0 in (0..m).step_by(ROW_CHUNK) {
             let c1 = (c0 + ROW_CHUNK).min(m);
             let full = c0 + (c1 - c0) / MR * MR;
             for j0 in (r0..r1).step_by(8) {
-                pack::<F>(w, nb, j0, r1, buf);
-                let pk = &buf[..nb];
+                K::pack(w, nb, j0, r1, buf);
                 for i0 in (c0..full).step_by(MR) {
-                    let acc = tile::<F, MR>(pk, acts, i0);
+                    let acc = K::tile::<MR>(buf, acts, i0);
                     for i in 0..MR {
                         store(out, rows, acc[i], i0 + i, j0, r1);
                     }
                 }
                 for i0 in full..c1 {
-                    let [acc] = tile::<F, 1>(pk, acts, i0);
+                    let [acc] = K::tile::<1>(buf, acts, i0);
                     store(out, rows, acc, i0, j0, r1);
                 }
             }

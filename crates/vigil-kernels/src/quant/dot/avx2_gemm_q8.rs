@@ -13,24 +13,16 @@
 //! exact integer block dot in i32 lane `k` with no horizontal reduction. The per-lane float
 //! fold is `super::acc_q8` in block order, so every output equals the scalar path bit for bit.
 //!
-//! A tile is `MR` activation rows × the group's 8 weight rows: each packed weight vector
-//! serves `MR` rows from registers, and the group's buffer serves every activation row of a
-//! chunk from L1.
+//! Tiles, chunks and the per-thread buffer are `avx2_gemm::matmul_rows`'s, which drives this
+//! kernel through `Repacked`.
 
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_gemm::store;
+use super::avx2_gemm::Repacked;
 use super::Acts32;
 use crate::quant::blocks::BlockQ8_0;
 use std::arch::x86_64::*;
-use std::cell::RefCell;
-
-/// Activation rows per pass over a thread's weight groups: their quantized blocks stay in L2
-/// while each group's packed buffer (288 bytes a block) serves them all from L1.
-const ROW_CHUNK: usize = 64;
-/// Activation rows per register tile.
-const MR: usize = 4;
 
 /// One block of 8 weight rows, as the micro-kernel streams it.
 #[derive(Clone, Copy)]
@@ -40,13 +32,22 @@ pub struct Packed {
     qs: [[i8; 32]; 8],
 }
 
-const ZERO: Packed = Packed {
-    d: [0.0; 8],
-    qs: [[0; 32]; 8],
-};
-
-thread_local! {
-    static PACKED: RefCell<Vec<Packed>> = const { RefCell::new(Vec::new()) };
+impl Repacked for super::avx2::Q8_0 {
+    type W = BlockQ8_0;
+    type A = BlockQ8_0;
+    type Packed = Packed;
+    #[inline]
+    unsafe fn pack(w: &[BlockQ8_0], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
+        pack(w, nb, j0, r1, out)
+    }
+    #[inline]
+    unsafe fn tile<const R: usize>(
+        pk: &[Packed],
+        acts: &Acts32<BlockQ8_0>,
+        i0: usize,
+    ) -> [__m256; R] {
+        tile::<R>(pk, acts, i0)
+    }
 }
 
 /// Repack weight rows `j0..j0 + 8` (rows `>= r1` repeat row `r1 - 1`; their outputs are
@@ -132,51 +133,4 @@ unsafe fn tile<const R: usize>(pk: &[Packed], acts: &Acts32<BlockQ8_0>, i0: usiz
         }
     }
     acc
-}
-
-/// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`.
-///
-/// # Safety
-/// AVX2+FMA+F16C available; `w` holds `rows * nb` blocks; `out` addresses `m * rows` floats
-/// and no other thread writes columns `r0..r1`; the activation side arrays are filled.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn matmul_rows(
-    w: &[BlockQ8_0],
-    rows: usize,
-    acts: &Acts32<BlockQ8_0>,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
-    let (m, nb) = (acts.m, acts.nb);
-    PACKED.with(|cell| {
-        let mut fresh = Vec::new();
-        let mut guard = cell.try_borrow_mut();
-        let buf = match guard {
-            Ok(ref mut v) => &mut **v,
-            // Re-entered on this thread (not expected): use a private buffer.
-            Err(_) => &mut fresh,
-        };
-        if buf.len() < nb {
-            buf.resize(nb, ZERO);
-        }
-        for c0 in (0..m).step_by(ROW_CHUNK) {
-            let c1 = (c0 + ROW_CHUNK).min(m);
-            let full = c0 + (c1 - c0) / MR * MR;
-            for j0 in (r0..r1).step_by(8) {
-                pack(w, nb, j0, r1, buf);
-                let pk = &buf[..nb];
-                for i0 in (c0..full).step_by(MR) {
-                    let acc = tile::<MR>(pk, acts, i0);
-                    for i in 0..MR {
-                        store(out, rows, acc[i], i0 + i, j0, r1);
-                    }
-                }
-                for i0 in full..c1 {
-                    let [acc] = tile::<1>(pk, acts, i0);
-                    store(out, rows, acc, i0, j0, r1);
-                }
-            }
-        }
-    });
 }
