@@ -3,8 +3,12 @@
 (tests/fixtures/smollm2/llamacpp_refs.json: flash attention off, one 64-token batch per prompt
 for the teacher-forced logits, one-token decode steps for the greedy continuations).
 
-Three other shapes of the same llama.cpp, same weights, same threads:
+First, how consistent the references are with themselves: along each greedy continuation,
+the teacher-forced top-1 (batch numerics) against the next greedy token (decode numerics).
+Then other shapes of the same llama.cpp, same weights, same threads:
   * the teacher-forced sequences fed one token per decode step (flash attention off);
+  * the greedy continuations made with the references' batch numerics: every step
+    re-evaluates prompt + continuation so far in one batch (flash attention off);
   * the teacher-forced sequences in one batch with flash attention on (llama-bench's and the
     server's CPU default);
   * the greedy continuations with flash attention on.
@@ -68,7 +72,20 @@ def teacher_forced(llm, cases, one_token_steps, label):
     )
 
 
-def greedy(llm, cases, label):
+def references_consistency(cases):
+    agree = total = 0
+    for case in cases:
+        seq, first = case["sequence_ids"], len(case["prompt_ids"]) - 1
+        for i in range(first, len(seq) - 1):
+            total += 1
+            agree += case["positions"][i]["ids"][0] == seq[i + 1]
+    print(
+        f"references: teacher-forced top-1 equals the next greedy token at {agree}/{total} "
+        f"continuation positions"
+    )
+
+
+def greedy(llm, cases, label, whole_batch=False):
     same = 0
     for case in cases:
         clear(llm)
@@ -77,7 +94,11 @@ def greedy(llm, cases, label):
         for _ in range(len(case["greedy_ids"])):
             tok = int(np.argmax(np.asarray(llm.scores[llm.n_tokens - 1])))
             out.append(tok)
-            llm.eval([tok])
+            if whole_batch:
+                clear(llm)
+                llm.eval(case["prompt_ids"] + out)
+            else:
+                llm.eval([tok])
         step = next((i for i, (a, b) in enumerate(zip(out, case["greedy_ids"])) if a != b), None)
         same += step is None
         print(f"  {case['name']}: diverges at step {step}")
@@ -90,8 +111,10 @@ def main():
     args = ap.parse_args()
     cases = json.load(open(REFS))["cases"]
     print(f"llama-cpp-python {llama_cpp.__version__}")
+    references_consistency(cases)
     llm = open_llama(args.gguf, flash_attn=False)
     teacher_forced(llm, cases, True, "one-token decode steps (flash attention off)")
+    greedy(llm, cases, "greedy, whole sequence in one batch per step (flash attention off)", True)
     llm = open_llama(args.gguf, flash_attn=True)
     teacher_forced(llm, cases, False, "one batch, flash attention on")
     greedy(llm, cases, "greedy, flash attention on")
