@@ -12,6 +12,24 @@ pub enum OutDelta {
     Content(String),
 }
 
+/// The content and reasoning text of a whole (non-streaming) generation.
+#[derive(Debug, Default)]
+pub struct CollectedText {
+    pub content: String,
+    pub reasoning: String,
+}
+
+impl CollectedText {
+    pub fn push(&mut self, deltas: Vec<OutDelta>) {
+        for d in deltas {
+            match d {
+                OutDelta::Content(s) => self.content.push_str(&s),
+                OutDelta::Reasoning(s) => self.reasoning.push_str(&s),
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCall {
     pub id: String,

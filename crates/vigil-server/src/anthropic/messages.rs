@@ -10,7 +10,7 @@ use crate::generate::{self, Finish, GenEvent, GenParams, Usage};
 use crate::openai::messages::ToolMode;
 use crate::openai::params::{sampling_params, stop_strings};
 use crate::openai::types::{CommonParams, StopField};
-use crate::output::{OutDelta, OutputParser, ToolCall};
+use crate::output::{CollectedText, OutDelta, OutputParser, ToolCall};
 use crate::prompt::{render_chat, ChatPrompt, ChatPromptSpec};
 use crate::sse;
 use crate::state::SharedState;
@@ -197,22 +197,18 @@ async fn whole(
     parallel: bool,
     id: String,
 ) -> Result<Response, ApiError> {
-    let (mut text, mut thinking) = (String::new(), String::new());
-    let apply = |d: Vec<OutDelta>, text: &mut String, thinking: &mut String| {
-        for x in d {
-            match x {
-                OutDelta::Content(s) => text.push_str(&s),
-                OutDelta::Reasoning(s) => thinking.push_str(&s),
-            }
-        }
-    };
+    let mut collected = CollectedText::default();
     while let Some(ev) = rx.recv().await {
         match ev {
-            GenEvent::Delta { text: t, .. } => apply(parser.push(&t), &mut text, &mut thinking),
+            GenEvent::Delta { text: t, .. } => collected.push(parser.push(&t)),
             GenEvent::Failed(e) => return Err(e),
             GenEvent::Done { finish, usage } => {
                 let (rest, mut calls) = parser.finish();
-                apply(rest, &mut text, &mut thinking);
+                collected.push(rest);
+                let CollectedText {
+                    content: text,
+                    reasoning: thinking,
+                } = collected;
                 if !parallel {
                     calls.truncate(1);
                 }

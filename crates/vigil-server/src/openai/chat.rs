@@ -7,7 +7,7 @@ use super::types::ChatCompletionRequest;
 use crate::error::{ApiError, Flavor};
 use crate::extract::parse_body;
 use crate::generate::{self, Finish, GenEvent, GenParams, TokenInfo, Usage};
-use crate::output::{OutDelta, OutputParser, ToolCall};
+use crate::output::{CollectedText, OutDelta, OutputParser, ToolCall};
 use crate::prompt::{render_chat, template_kwargs, ChatPromptSpec};
 use crate::sse;
 use crate::state::SharedState;
@@ -228,26 +228,19 @@ async fn whole_response(
     created: u64,
 ) -> Result<Response, ApiError> {
     let mut parser = OutputParser::new(plan.thinking, plan.tool_format, plan.forced.as_ref());
-    let (mut content, mut reasoning) = (String::new(), String::new());
+    let mut collected = CollectedText::default();
     let mut tokens = Vec::new();
-    let apply = |deltas: Vec<OutDelta>, content: &mut String, reasoning: &mut String| {
-        for d in deltas {
-            match d {
-                OutDelta::Content(s) => content.push_str(&s),
-                OutDelta::Reasoning(s) => reasoning.push_str(&s),
-            }
-        }
-    };
     while let Some(ev) = rx.recv().await {
         match ev {
             GenEvent::Delta { text, tokens: t } => {
                 tokens.extend(t);
-                apply(parser.push(&text), &mut content, &mut reasoning);
+                collected.push(parser.push(&text));
             }
             GenEvent::Failed(e) => return Err(e),
             GenEvent::Done { finish, usage } => {
                 let (rest, calls) = parser.finish();
-                apply(rest, &mut content, &mut reasoning);
+                collected.push(rest);
+                let CollectedText { content, reasoning } = collected;
                 let calls = limit_calls(calls, &plan);
                 count_malformed(&state, &calls);
                 let mut message = json!({"role": "assistant"});
