@@ -125,6 +125,29 @@ unsafe fn tile<const MR: usize, const NR: usize>(
     }
 }
 
+/// `hsum8` of the 4 vectors at `a`, as one vector: the same tree (high half onto low half,
+/// lanes 2, 3 onto 0, 1, lane 1 onto lane 0) done for 4 accumulators at once after a 4 × 4
+/// transpose, so each lane gets exactly `hsum8`'s sums.
+///
+/// # Safety
+/// AVX; `a` addresses 4 vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum8x4(a: *const V8) -> __m128 {
+    let h: [__m128; 4] = std::array::from_fn(|j| {
+        let v = _mm256_load_ps(a.add(j).cast());
+        _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v))
+    });
+    // Transpose: t[k] holds lane k of h[0..4].
+    let (l01, h01) = (_mm_unpacklo_ps(h[0], h[1]), _mm_unpackhi_ps(h[0], h[1]));
+    let (l23, h23) = (_mm_unpacklo_ps(h[2], h[3]), _mm_unpackhi_ps(h[2], h[3]));
+    let t0 = _mm_movelh_ps(l01, l23);
+    let t1 = _mm_movehl_ps(l23, l01);
+    let t2 = _mm_movelh_ps(h01, h23);
+    let t3 = _mm_movehl_ps(h23, h01);
+    _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3))
+}
+
 /// `out[i * rows + j]` for all `m` activation rows and weight rows `j in r0..r1`.
 ///
 /// # Safety
@@ -243,13 +266,18 @@ unsafe fn run<W: FloatW, const MR: usize, const NR: usize>(
                 }
             }
             for i in c0..c1 {
+                let dst = out.add(i * rows + j0);
+                let a = acc.add((i - c0) * NR);
+                if NR == 4 && n8 == cols && j0 + 4 <= r1 {
+                    _mm_storeu_ps(dst, hsum8x4(a));
+                    continue;
+                }
                 for j in 0..NR.min(r1 - j0) {
-                    let v = _mm256_load_ps(acc.add((i - c0) * NR + j).cast());
-                    let mut s = hsum8(v);
+                    let mut s = hsum8(_mm256_load_ps(a.add(j).cast()));
                     for k in n8..cols {
                         s += W::load1(wp[j].add(k * W::BYTES)) * *xrow(i).add(k);
                     }
-                    *out.add(i * rows + j0 + j) = s;
+                    *dst.add(j) = s;
                 }
             }
         }
