@@ -28,6 +28,11 @@ const ROW_ALIGN: usize = 8;
 /// place.
 #[cfg(target_arch = "x86_64")]
 const GEMM_MIN_ROWS: usize = 4;
+/// The same for the float formats (`avx2_float_gemm`): widening and packing each weight block
+/// pays off from about 8 rows (BF16 1024 × 1024, one thread: at 4 rows the row tiles took
+/// 0.17 ms and the GEMM 0.25 ms; at 8 rows 0.34 ms and 0.28 ms).
+#[cfg(target_arch = "x86_64")]
+const FLOAT_GEMM_MIN_ROWS: usize = 8;
 /// Below this much work (weight bytes × activation rows) the call stays on one thread.
 const PARALLEL_MIN_WORK: usize = 64 * 1024;
 
@@ -426,6 +431,14 @@ fn rows_float(
         // SAFETY: as in `rows_32`.
         Path::Avx2 => unsafe {
             use crate::quant::dot::avx2_float::{matmul_rows, BF16, F16, F32};
+            use crate::quant::dot::avx2_float_gemm::matmul_rows as gemm;
+            if m >= FLOAT_GEMM_MIN_ROWS {
+                return match dtype {
+                    DType::F16 => gemm::<F16>(w, rows, cols, x, m, r0, r1, out.0),
+                    DType::BF16 => gemm::<BF16>(w, rows, cols, x, m, r0, r1, out.0),
+                    _ => gemm::<F32>(w, rows, cols, x, m, r0, r1, out.0),
+                };
+            }
             match dtype {
                 DType::F16 => matmul_rows::<F16>(w, rows, cols, x, m, r0, r1, out.0),
                 DType::BF16 => matmul_rows::<BF16>(w, rows, cols, x, m, r0, r1, out.0),

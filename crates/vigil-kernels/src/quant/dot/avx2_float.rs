@@ -73,7 +73,7 @@ impl FloatW for BF16 {
 /// The fixed lane-summing tree every float pair ends with.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum8(v: __m256) -> f32 {
+pub(super) fn hsum8(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));

@@ -21,6 +21,8 @@ pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_float;
 #[cfg(target_arch = "x86_64")]
+pub mod avx2_float_gemm;
+#[cfg(target_arch = "x86_64")]
 pub mod avx2_gemm;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_gemm_q8;

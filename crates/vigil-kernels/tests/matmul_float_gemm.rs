@@ -1,0 +1,124 @@
+//! The float-weight matmul (F32, F16, BF16 × f32) against its numerics contract, bit for bit:
+//! per (activation row, weight row) pair one 8-lane FMA accumulator over the column chunks of
+//! 8 in order, the lanes summed by `hsum8`'s tree, then the `cols % 8` tail added in order.
+//! The contract is emulated here in scalar code (`f32::mul_add` is the fused multiply-add), so
+//! the decode row tiles and the prefill GEMM (`quant::dot::avx2_float_gemm`) are both held to
+//! it at ragged shapes: activation rows around the GEMM's threshold (8), its tile (3 rows) and
+//! its chunks (66 rows at 1003 columns, 33 at 3077), weight rows not a multiple of its 4-row
+//! group or of the threads' 8-row split, columns not a multiple of 8 and spanning several
+//! 512-column blocks.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+use vigil_kernels::matmul::matmul;
+use vigil_kernels::pool::ThreadPool;
+use vigil_kernels::storage::AlignedBytes;
+use vigil_kernels::{DType, QMatrix, WeightData};
+
+/// Random weights in -1..1 as `dtype`, and their exact f32 values.
+fn weights(rng: &mut ChaCha8Rng, dtype: DType, rows: usize, cols: usize) -> (QMatrix, Vec<f32>) {
+    let mut bytes = Vec::new();
+    let mut vals = Vec::with_capacity(rows * cols);
+    for _ in 0..rows * cols {
+        let v = rng.random_range(-1.0f32..1.0);
+        let v = match dtype {
+            DType::F16 => {
+                let h = half::f16::from_f32(v);
+                bytes.extend_from_slice(&h.to_le_bytes());
+                h.to_f32()
+            }
+            DType::BF16 => {
+                let h = half::bf16::from_f32(v);
+                bytes.extend_from_slice(&h.to_le_bytes());
+                h.to_f32()
+            }
+            _ => {
+                bytes.extend_from_slice(&v.to_le_bytes());
+                v
+            }
+        };
+        vals.push(v);
+    }
+    let w = QMatrix {
+        dtype,
+        rows,
+        cols,
+        data: WeightData::Owned(Arc::new(AlignedBytes::from_bytes(&bytes))),
+    };
+    (w, vals)
+}
+
+/// One output by the contract.
+fn contract_dot(w: &[f32], x: &[f32]) -> f32 {
+    let n8 = w.len() / 8 * 8;
+    let mut acc = [0f32; 8];
+    for k in (0..n8).step_by(8) {
+        for l in 0..8 {
+            acc[l] = w[k + l].mul_add(x[k + l], acc[l]);
+        }
+    }
+    // hsum8: high half onto low half, then lanes 2, 3 onto 0, 1, then lane 1 onto lane 0.
+    let h: [f32; 4] = std::array::from_fn(|l| acc[l] + acc[l + 4]);
+    let mut s = (h[0] + h[2]) + (h[1] + h[3]);
+    for k in n8..w.len() {
+        s += w[k] * x[k];
+    }
+    s
+}
+
+fn check(
+    pools: &[ThreadPool],
+    rng: &mut ChaCha8Rng,
+    dtype: DType,
+    m: usize,
+    rows: usize,
+    cols: usize,
+) {
+    let (w, wv) = weights(rng, dtype, rows, cols);
+    let x: Vec<f32> = (0..m * cols)
+        .map(|_| rng.random_range(-2.0f32..2.0))
+        .collect();
+    let expected: Vec<u32> = (0..m * rows)
+        .map(|k| {
+            let (i, j) = (k / rows, k % rows);
+            contract_dot(&wv[j * cols..][..cols], &x[i * cols..][..cols]).to_bits()
+        })
+        .collect();
+    for pool in pools {
+        let mut out = vec![f32::NAN; m * rows];
+        matmul(pool, &w, &x, m, &mut out);
+        for (k, (&got, &want)) in out.iter().zip(&expected).enumerate() {
+            assert_eq!(
+                got.to_bits(),
+                want,
+                "{dtype} m={m} rows={rows} cols={cols} threads={} out[{}][{}]: {} vs {}",
+                pool.num_threads(),
+                k / rows,
+                k % rows,
+                got,
+                f32::from_bits(want)
+            );
+        }
+    }
+}
+
+#[test]
+fn float_matmul_follows_the_contract_at_ragged_shapes() {
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for m in [1, 2, 3, 4, 5, 7, 8, 9, 13, 64, 65, 130, 200] {
+            for (rows, cols) in [(13, 1003), (37, 1000), (8, 16)] {
+                check(&pools, &mut rng, dtype, m, rows, cols);
+            }
+        }
+        // Narrower than one chunk of 8, and wider than several column blocks.
+        for m in [4, 5] {
+            check(&pools, &mut rng, dtype, m, 6, 5);
+        }
+        for m in [3, 8, 65, 130] {
+            check(&pools, &mut rng, dtype, m, 21, 3077);
+        }
+    }
+}
