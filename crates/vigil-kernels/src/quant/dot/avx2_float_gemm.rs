@@ -166,9 +166,9 @@ pub unsafe fn matmul_rows<W: FloatW>(
     out: *mut f32,
 ) {
     BUFS.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut bufs) => run::<W, MR, NR>(&mut bufs, w, rows, cols, x, m, r0, r1, out),
+        Ok(mut bufs) => run::<W>(&mut bufs, w, rows, cols, x, m, r0, r1, out),
         // Re-entered on this thread (not expected): use private buffers.
-        Err(_) => run::<W, MR, NR>(&mut Bufs::default(), w, rows, cols, x, m, r0, r1, out),
+        Err(_) => run::<W>(&mut Bufs::default(), w, rows, cols, x, m, r0, r1, out),
     })
 }
 
@@ -183,7 +183,7 @@ fn grow(v: &mut Vec<V8>, n: usize) -> *mut V8 {
 /// See `matmul_rows`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run<W: FloatW, const MR: usize, const NR: usize>(
+unsafe fn run<W: FloatW>(
     bufs: &mut Bufs,
     w: &[u8],
     rows: usize,
@@ -209,13 +209,14 @@ unsafe fn run<W: FloatW, const MR: usize, const NR: usize>(
         let tiles = (c1 - c0).div_ceil(MR);
         // The last tile may be narrower: `rest` rows, packed `rest` to a step.
         let rest = c1 - c0 - (tiles - 1) * MR;
+        // Every thread packs the chunk for itself: one shared packing per call measured slower
+        // (this packing also pulls the chunk into the thread's L2 just before its tiles).
         for t in 0..tiles {
             let xs: [*const f32; MR] = std::array::from_fn(|i| xrow((c0 + t * MR + i).min(c1 - 1)));
             let dst = px.add(t * nsteps * MR);
             match if t + 1 < tiles { MR } else { rest } {
                 1 => pack_x::<1>(&[xs[0]], nsteps, dst),
                 2 => pack_x::<2>(&[xs[0], xs[1]], nsteps, dst),
-                3 if MR == 4 => pack_x::<3>(&[xs[0], xs[1], xs[2]], nsteps, dst),
                 _ => pack_x::<MR>(&xs, nsteps, dst),
             }
         }
@@ -260,7 +261,6 @@ unsafe fn run<W: FloatW, const MR: usize, const NR: usize>(
                     match r {
                         1 => tile::<1, NR>(xt, pw, steps, at),
                         2 => tile::<2, NR>(xt, pw, steps, at),
-                        3 if MR == 4 => tile::<3, NR>(xt, pw, steps, at),
                         _ => tile::<MR, NR>(xt, pw, steps, at),
                     }
                 }
