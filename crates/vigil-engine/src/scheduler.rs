@@ -12,6 +12,11 @@
 //! `max_lower_tokens_with_foreground` tokens of it, so background prefill does not stretch
 //! interactive steps.
 //!
+//! Session work has seats of its own: `Foreground` sequences take at most `max_seqs` seats,
+//! and the lower classes may use `session_seats` more, so a server full of chat streams still
+//! admits a session's ingest batch or flash evaluation in the next step instead of after the
+//! age bound (its tokens then come out of the share above).
+//!
 //! Age is arrival order, which is id order (the engine issues ids in arrival order). A
 //! sequence below `Foreground` that waits more than `promote_after_steps` steps is promoted to
 //! `Foreground` for the rest of its life, so no class starves.
@@ -35,6 +40,9 @@ pub struct SchedulerConfig {
     /// tokens of it: a session's ingest or flash work must not turn every token of an
     /// interactive request into a long prefill step.
     pub max_lower_tokens_with_foreground: usize,
+    /// Seats beyond `max_seqs` that only sequences below `Foreground` (session ingest, flash
+    /// evaluations, warm) may take.
+    pub session_seats: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -46,6 +54,7 @@ impl Default for SchedulerConfig {
             enable_prefix_cache: true,
             promote_after_steps: 256,
             max_lower_tokens_with_foreground: 64,
+            session_seats: 2,
         }
     }
 }
@@ -284,9 +293,9 @@ impl Scheduler {
             let n = (seq.num_tokens() - cached).min(st.budget);
             let new_blocks = table.blocks_needed(n);
             let blocks = |st: &StepState| new_blocks + st.reserved_blocks() + watermark;
-            if !self.fits(blocks(st), pool) {
+            if !self.fits(class_, blocks(st), seqs, pool) {
                 let mut admitted = self.room_below(class_, blocks(st), seqs, pool);
-                while admitted && !self.fits(blocks(st), pool) {
+                while admitted && !self.fits(class_, blocks(st), seqs, pool) {
                     match self.lowest_running(seqs) {
                         Some(victim) if class(seqs, victim) < class_ => {
                             self.preempt(victim, st, seqs)
@@ -295,7 +304,14 @@ impl Scheduler {
                     }
                 }
                 if !admitted {
-                    st.admission_closed = true;
+                    // Out of blocks, or of seats everyone shares: admit nothing behind it. A
+                    // Foreground sequence that only lacks a Foreground seat leaves the session
+                    // seats to the classes below.
+                    let foreground_seats_full = class_ == Priority::Foreground
+                        && self.running_foreground(seqs) >= self.config.max_seqs
+                        && self.running.len() < self.config.max_seqs + self.config.session_seats
+                        && self.fits(Priority::Ingest, blocks(st), seqs, pool);
+                    st.admission_closed = !foreground_seats_full;
                     if let Some(seq) = seqs.get_mut(&id) {
                         seq.table = spare.or(table_is_seeded.then_some(table));
                     }
@@ -318,9 +334,33 @@ impl Scheduler {
         }
     }
 
-    /// A seat and `blocks` free blocks (reservations and watermark included) are there now.
-    fn fits(&self, blocks: usize, pool: &SharedBlockPool) -> bool {
-        self.running.len() < self.config.max_seqs && pool.borrow().num_free_blocks() >= blocks
+    /// A seat for a sequence of `class_` among `running` (`foreground` of them Foreground):
+    /// Foreground gets `max_seqs` seats, the lower classes `session_seats` more.
+    fn seat_free(&self, class_: Priority, running: usize, foreground: usize) -> bool {
+        let all = self.config.max_seqs + self.config.session_seats;
+        match class_ {
+            Priority::Foreground => foreground < self.config.max_seqs && running < all,
+            _ => running < all,
+        }
+    }
+
+    fn running_foreground(&self, seqs: &HashMap<SeqId, Sequence>) -> usize {
+        (self.running.iter())
+            .filter(|&&id| class(seqs, id) == Priority::Foreground)
+            .count()
+    }
+
+    /// A seat for `class_` and `blocks` free blocks (reservations and watermark included)
+    /// are there now.
+    fn fits(
+        &self,
+        class_: Priority,
+        blocks: usize,
+        seqs: &HashMap<SeqId, Sequence>,
+        pool: &SharedBlockPool,
+    ) -> bool {
+        self.seat_free(class_, self.running.len(), self.running_foreground(seqs))
+            && pool.borrow().num_free_blocks() >= blocks
     }
 
     /// Whether preempting every running sequence below `class` would leave a seat and
@@ -345,7 +385,9 @@ impl Scheduler {
                 ids.iter().filter(|&&b| p.ref_count(b) == 1).count()
             })
             .sum();
-        self.running.len() - victims.len() < self.config.max_seqs
+        let left = self.running.len() - victims.len();
+        // Every victim is below `class_`, so no Foreground sequence is among them.
+        self.seat_free(class_, left, self.running_foreground(seqs))
             && p.num_free_blocks() + freed >= blocks
     }
 

@@ -108,6 +108,7 @@ fn priority_churn_keeps_invariants() {
         enable_prefix_cache: true,
         promote_after_steps: 40,
         max_lower_tokens_with_foreground: usize::MAX,
+        session_seats: 0,
     };
     let mut e = engine(32, config);
     let mut rng = Lcg(11);
@@ -239,6 +240,7 @@ fn background_arrivals_never_delay_foreground_tokens() {
         enable_prefix_cache: true,
         promote_after_steps: 1_000_000,
         max_lower_tokens_with_foreground: usize::MAX,
+        session_seats: 0,
     };
     let mut e = engine(24, config);
     let mut rng = Lcg(5);
@@ -296,9 +298,14 @@ fn background_arrivals_never_delay_foreground_tokens() {
     assert_eq!(e.scheduler.num_promotions, 0);
 }
 
-/// Steps until a background request finishes while foreground requests keep two seats and
-/// the queue full, or `None` if it has not within `max_steps`.
-fn background_finish_step(promote_after_steps: u64, max_steps: usize) -> Option<usize> {
+/// Steps until a request of class `low` finishes while foreground requests keep two seats
+/// and the queue full, or `None` if it has not within `max_steps`.
+fn low_finish_step(
+    low: Priority,
+    promote_after_steps: u64,
+    session_seats: usize,
+    max_steps: usize,
+) -> Option<usize> {
     let config = SchedulerConfig {
         max_batched_tokens: 8,
         max_seqs: 2,
@@ -306,10 +313,11 @@ fn background_finish_step(promote_after_steps: u64, max_steps: usize) -> Option<
         enable_prefix_cache: true,
         promote_after_steps,
         max_lower_tokens_with_foreground: usize::MAX,
+        session_seats,
     };
     let mut e = engine(32, config);
     let mut rng = Lcg(3);
-    let bg = add(&mut e, rng.tokens(10), 4, Priority::Background);
+    let bg = add(&mut e, rng.tokens(10), 4, low);
     for step in 0..max_steps {
         let fg_waiting = (e.scheduler.waiting.iter())
             .filter(|id| e.seqs[*id].priority == Priority::Foreground)
@@ -333,11 +341,28 @@ fn background_finish_step(promote_after_steps: u64, max_steps: usize) -> Option<
 #[test]
 fn age_bound_serves_background_under_foreground_load() {
     // Without the bound the foreground queue never empties, so background never starts.
-    assert_eq!(background_finish_step(u64::MAX, 300), None);
-    let done = background_finish_step(20, 300).expect("background starved despite the bound");
+    assert_eq!(
+        low_finish_step(Priority::Background, u64::MAX, 0, 300),
+        None
+    );
+    let done = low_finish_step(Priority::Background, 20, 0, 300)
+        .expect("background starved despite the bound");
     // Promoted once it has waited more than 20 steps, it takes the next free seat (a
     // foreground request holds one for about 8 steps) and needs about 4 more to finish.
     assert!(done > 20 && done <= 20 + 20, "finished at step {done}");
+}
+
+#[test]
+fn session_seats_admit_ingest_at_once_under_saturating_foreground_load() {
+    // Every foreground seat is taken and the foreground queue never empties; with no age
+    // bound, session work still runs from its first step on its own seat, sharing the 8-token
+    // budget with the foreground decodes and the prefill of each foreground arrival: a
+    // 10-token prompt and 4 tokens out take a few steps (9 measured), never the 300.
+    for low in [Priority::Ingest, Priority::Background] {
+        assert_eq!(low_finish_step(low, u64::MAX, 0, 300), None);
+        let done = low_finish_step(low, u64::MAX, 1, 300).expect("session work starved");
+        assert!(done <= 12, "{low:?} finished at step {done}");
+    }
 }
 
 /// What `ModelRunner::prepare` does to the tables, without a model: reserve slots, mark the
@@ -368,6 +393,7 @@ fn preempted_sequence_readmits_from_its_committed_blocks() {
         enable_prefix_cache: true,
         promote_after_steps: 1000,
         max_lower_tokens_with_foreground: usize::MAX,
+        session_seats: 0,
     };
     let mut sched = Scheduler::new(config);
     let pool = SharedBlockPool::new(8, BLOCK);

@@ -108,7 +108,10 @@ impl ThreadPool {
                 let shared = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("vigil-pool-{t}"))
-                    .spawn(move || worker_loop(&shared, t))
+                    .spawn(move || {
+                        lower_compute_priority();
+                        worker_loop(&shared, t)
+                    })
                     .expect("spawning a pool worker thread")
             })
             .collect();
@@ -119,7 +122,7 @@ impl ThreadPool {
         }
     }
 
-    /// A pool with one thread per available CPU.
+    /// A pool with one thread per available CPU (workers at `COMPUTE_NICE`).
     pub fn with_available_parallelism() -> ThreadPool {
         ThreadPool::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
@@ -331,5 +334,22 @@ impl<T> SyncPtr<T> {
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
         std::slice::from_raw_parts_mut(self.0.add(start), len)
+    }
+}
+
+/// The nice value compute threads (pool workers and the engine thread that calls the pool)
+/// run at. A server's I/O threads stay at 0, so when they wake (a flash hit, `/health`, a
+/// streamed token) the scheduler runs them ahead of the kernels instead of behind a full time
+/// slice of them; the kernels lose only the few microseconds those threads take.
+pub const COMPUTE_NICE: i32 = 5;
+
+/// Run the calling thread at `COMPUTE_NICE` (Linux; elsewhere a no-op). Raising one's own
+/// nice value needs no privilege.
+pub fn lower_compute_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on the calling thread's own id; no memory is shared.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, COMPUTE_NICE);
     }
 }

@@ -43,6 +43,9 @@ pub struct Tokenizer {
     chat_template: Option<String>,
     special_ids: HashSet<u32>,
     warnings: Vec<String>,
+    /// Counted once: `tokenizers` builds the whole vocabulary map to count it (~49k strings),
+    /// which cost every request tens of milliseconds when asked per request.
+    vocab_size: usize,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
@@ -72,6 +75,7 @@ impl Tokenizer {
             chat_template: config.chat_template,
             special_ids: HashSet::new(),
             warnings: Vec::new(),
+            vocab_size: inner.get_vocab_size(true),
             inner,
         };
         tokenizer.finish_special_tokens(eos_token_id.into_iter().chain(config.generation_eos_ids));
@@ -83,6 +87,7 @@ impl Tokenizer {
         let built = gguf_vocab::build(v)?;
         let text_of = |id: Option<u32>| id.and_then(|id| v.tokens.get(id as usize).cloned());
         let mut tokenizer = Tokenizer {
+            vocab_size: built.inner.get_vocab_size(true),
             inner: built.inner,
             bos_token_id: v.bos_token_id,
             bos_token: text_of(v.bos_token_id),
@@ -148,7 +153,7 @@ impl Tokenizer {
 
     /// Number of ids, added tokens included.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     pub fn token_to_id(&self, s: &str) -> Option<u32> {
