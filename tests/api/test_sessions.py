@@ -650,8 +650,9 @@ def test_window_evicts_whole_oldest_entries_exactly(client, smol, janitor):
     window = 64
     fresh = janitor.create(smol, prompt=SYSTEM_P)
     opening = fresh["data_end"]
-    w = janitor.create(smol, prompt=SYSTEM_P, window=window)
-    assert w["window"] == window and w["data_end"] == opening
+    # evict_to = window: evict exactly as much as needed (the default evicts to half).
+    w = janitor.create(smol, prompt=SYSTEM_P, window=window, evict_to=window)
+    assert w["window"] == window and w["evict_to"] == window and w["data_end"] == opening
     for batch in (LOG[0:4], LOG[4:8], LOG[8:12]):
         client.sessions.push(w["id"], batch, wait=True)
     ws, wd = settle_session(smol, w["id"])
@@ -1109,6 +1110,25 @@ def test_append_only_session_that_fills_refuses_the_push(qclient, qwen, janitor)
     assert settled["total_dropped"] == 0 and len(data["entries"]) == 4 * i, (i, settled)
     g = qclient.sessions.generate(s.id, prompt="Last?", max_tokens=3, temperature=0)
     assert g.usage.completion_tokens >= 1
+
+
+def test_window_evicts_to_half_by_default_whatever_the_batching(qclient, qwen, janitor):
+    """The default amortizes recompute (evict_to = window // 2), and the rule is applied entry
+    by entry: the same entries pushed one by one or in one batch leave the same window."""
+    entries = [f"Reading {i}: level {40 + i} percent" for i in range(30)]
+    one = create(qclient, qwen, janitor, window=60)
+    assert one.model_extra["evict_to"] == 30
+    batched = create(qclient, qwen, janitor, window=60)
+    for e in entries:
+        qclient.sessions.push(one.id, e, wait=True)
+    qclient.sessions.push(batched.id, entries, wait=True)
+    a, ad = settle_session(qwen, one.id)
+    b, bd = settle_session(qwen, batched.id)
+    assert ad["entries"] == bd["entries"] and ad["evicted"] == bd["evicted"] > 0, (ad, bd)
+    assert ad["entries"] == entries[ad["evicted"]:]
+    assert a["data_end"] == b["data_end"]
+    # One recompute per several evicted entries, not one per push.
+    assert a["window_recomputes"] < a["evicted"], a
 
 
 def test_window_evict_to_evicts_further_when_it_evicts(qclient, qwen, janitor):

@@ -9,7 +9,7 @@ use crate::pins::{PinKey, PinUse};
 use crate::sampling::SamplingParams;
 use crate::sequence::{FinishReason, Priority, SeqId, StopCriteria};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -103,6 +103,17 @@ pub struct EngineStats {
     /// Session pins and the pin tables dropped under memory pressure.
     pub pins: AtomicUsize,
     pub pin_evictions: AtomicU64,
+    /// The engine thread has exited (a caught panic, or every handle dropped).
+    pub stopped: AtomicBool,
+}
+
+/// Marks the engine stopped when the thread leaves its loop, however it leaves.
+struct StoppedOnExit(Arc<EngineStats>);
+
+impl Drop for StoppedOnExit {
+    fn drop(&mut self) {
+        self.0.stopped.store(true, Ordering::Release);
+    }
 }
 
 /// Step durations by kind, in fixed buckets (seconds), for the Prometheus histogram.
@@ -185,13 +196,22 @@ impl EngineHandle {
         let (thread_stats, thread_pins) = (stats.clone(), pin_kv.clone());
         std::thread::Builder::new()
             .name("vigil-engine".into())
-            .spawn(move || EngineLoop::new(build(), rx, thread_stats, thread_pins).run())?;
+            .spawn(move || {
+                vigil_kernels::pool::lower_compute_priority();
+                let _stopped = StoppedOnExit(thread_stats.clone());
+                EngineLoop::new(build(), rx, thread_stats, thread_pins).run()
+            })?;
         Ok(EngineHandle {
             commands: tx,
             next_request_id: Arc::new(AtomicU64::new(1)),
             stats,
             pin_kv,
         })
+    }
+
+    /// Whether the engine thread still runs (false after a caught panic).
+    pub fn is_alive(&self) -> bool {
+        !self.stats.stopped.load(Ordering::Acquire)
     }
 
     pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, EngineGone> {
@@ -245,6 +265,8 @@ struct EngineLoop {
     pin_kv: Arc<Mutex<HashMap<PinKey, usize>>>,
     /// The pin generation last copied into `pin_kv`.
     published_pins: Option<u64>,
+    /// A step panicked: the engine's state cannot be trusted, so the loop ends.
+    panicked: bool,
 }
 
 impl EngineLoop {
@@ -263,6 +285,7 @@ impl EngineLoop {
             disconnected: false,
             pin_kv,
             published_pins: None,
+            panicked: false,
         };
         me.publish();
         me
@@ -291,6 +314,9 @@ impl EngineLoop {
             }
             if self.engine.has_work() {
                 self.step();
+            }
+            if self.panicked {
+                return;
             }
             self.publish();
         }
@@ -340,18 +366,30 @@ impl EngineLoop {
 
     fn step(&mut self) {
         let started = Instant::now();
-        let result = self.engine.step();
+        let engine = &mut self.engine;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step()));
         let elapsed = started.elapsed();
         let outputs = match result {
-            Ok(o) => o,
-            Err(e) => {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) => {
                 // A scheduler bug: fail every request rather than panic the thread.
-                let ids: Vec<u64> = self.live.keys().copied().collect();
-                for id in ids {
-                    if let Some(live) = self.live.get(&id) {
-                        let _ = live.events.send(RequestEvent::Failed(e.to_string()));
-                    }
-                    self.abort(id);
+                self.fail_all(&e.to_string());
+                return;
+            }
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                tracing::error!(
+                    "engine step panicked: {what}; failing every request and stopping the engine"
+                );
+                self.panicked = true;
+                let message = format!("internal error: the engine stopped ({what})");
+                for live in std::mem::take(&mut self.live).into_values() {
+                    let _ = live.events.send(RequestEvent::Failed(message.clone()));
+                    self.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
                 }
                 return;
             }
@@ -426,6 +464,16 @@ impl EngineLoop {
                 // The caller dropped its receiver without an abort reaching us yet.
                 self.abort(request_id);
             }
+        }
+    }
+
+    fn fail_all(&mut self, message: &str) {
+        let ids: Vec<u64> = self.live.keys().copied().collect();
+        for id in ids {
+            if let Some(live) = self.live.get(&id) {
+                let _ = live.events.send(RequestEvent::Failed(message.to_string()));
+            }
+            self.abort(id);
         }
     }
 

@@ -3,10 +3,13 @@
 //! `/metrics`, API keys, body limits and bounded admission.
 
 pub mod anthropic;
+pub mod cpu_jobs;
+pub mod edge;
 pub mod error;
 pub mod extract;
 pub mod generate;
 pub mod ids;
+pub mod listener;
 pub mod metrics;
 pub mod openai;
 pub mod output;

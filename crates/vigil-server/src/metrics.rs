@@ -78,6 +78,8 @@ pub struct ServerMetrics {
     pub flash_misses: AtomicU64,
     pub flash_evaluations: AtomicU64,
     pub flash_skipped: AtomicU64,
+    /// Flash evaluations that could not run (the query was parked until newer data).
+    pub flash_errors: AtomicU64,
     pub session_pushed_entries: AtomicU64,
     pub session_ingested_entries: AtomicU64,
     pub session_dropped_entries: AtomicU64,
@@ -93,7 +95,8 @@ pub struct ServerMetrics {
     pub requests_server_error: AtomicU64,
     pub requests_cancelled: AtomicU64,
     pub requests_rejected_overload: AtomicU64,
-    pub connections: AtomicU64,
+    /// Open client connections (the accept loop keeps it).
+    pub connections: std::sync::Arc<AtomicU64>,
     pub tool_calls_malformed: AtomicU64,
     pub ttft: Histogram,
     pub inter_token: Histogram,
@@ -127,7 +130,7 @@ impl ServerMetrics {
         ] {
             let _ = writeln!(out, "vigil_requests_total{{status=\"{status}\"}} {v}");
         }
-        let counters: [(&str, &str, u64); 18] = [
+        let counters: [(&str, &str, u64); 19] = [
             (
                 "vigil_prompt_tokens_total",
                 "Prompt tokens of finished requests.",
@@ -188,6 +191,11 @@ impl ServerMetrics {
                 "vigil_flash_skipped_total",
                 "Data versions a flash query skipped because a newer one arrived first.",
                 l(&self.flash_skipped),
+            ),
+            (
+                "vigil_flash_errors_total",
+                "Flash evaluations that could not run; the query waits for newer data.",
+                l(&self.flash_errors),
             ),
             (
                 "vigil_flash_lag_versions_total",

@@ -56,11 +56,7 @@ pub async fn render_chat_opening(
             fc.name.as_deref(),
         ));
     }
-    let tokenizer = state.tokenizer.clone();
-    let ids = tokio::task::spawn_blocking(move || tokenizer.encode(&text, false))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::bad_request(format!("could not tokenize the prompt: {e}")))?;
+    let ids = crate::cpu_jobs::encode(state, text, false, "messages").await?;
     Ok(ChatPrompt {
         ids,
         starts_in_thinking: starts_in_thinking && spec.forced.is_none(),

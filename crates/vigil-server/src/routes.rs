@@ -68,6 +68,10 @@ pub fn router(state: SharedState) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::edge::guard,
+        ))
         .layer(middleware::map_response(name_the_server))
         .with_state(state)
 }
@@ -121,7 +125,6 @@ pub fn has_key(h: &HeaderMap, key: &str) -> bool {
 }
 
 async fn authenticate(State(state): State<SharedState>, req: Request, next: Next) -> Response {
-    state.metrics.connections.fetch_add(1, Ordering::Relaxed);
     let path = req.uri().path();
     let open = matches!(path, "/health" | "/healthz");
     if let (Some(key), false) = (&state.config.api_key, open) {
@@ -150,18 +153,30 @@ async fn not_found(req: Request) -> Response {
 }
 
 async fn health(State(state): State<SharedState>) -> Response {
+    let (status, body) = health_now(&state);
+    (status, Json(body)).into_response()
+}
+
+/// `/health` as it stands: 200 while the model is loaded and the engine thread runs, else 503
+/// (`status` says which).
+pub fn health_now(state: &SharedState) -> (StatusCode, serde_json::Value) {
     let ready = state.is_ready();
-    let body = health_json(
-        ready,
+    let engine_alive = state.engine.is_alive();
+    let mut body = health_json(
+        ready && engine_alive,
         state.started,
         Some((&state.engine.stats, &state.metrics)),
     );
-    let status = if ready {
+    if ready && !engine_alive {
+        body["status"] = json!("engine_stopped");
+        body["message"] = json!("the engine thread has stopped; restart the server");
+    }
+    let status = if ready && engine_alive {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, Json(body)).into_response()
+    (status, body)
 }
 
 /// The `/health` body: the same fields whether ready or not (zeros while loading).

@@ -7,7 +7,6 @@ use crate::metrics::ServerMetrics;
 use crate::state::{AppState, ServerConfig};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::serve::ListenerExt;
 use axum::Router;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -45,6 +44,8 @@ pub enum ServeError {
         "the KV memory budget ({bytes} bytes) holds fewer than 2 blocks of {block_bytes} bytes"
     )]
     KvTooSmall { bytes: usize, block_bytes: usize },
+    #[error("the engine thread stopped (see the log for the panic); exiting so a supervisor can restart the server")]
+    EngineStopped,
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -96,22 +97,52 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("ready: serving `{}` on http://{addr}", state.model_id);
-    // Streamed tokens and events are small writes: without TCP_NODELAY each would wait on the
-    // client's delayed ACK (up to 40 ms on Linux) behind the previous one.
-    let listener = tokio::net::TcpListener::from_std(listener)?.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    // Streamed tokens and events are small writes: the accept loop sets TCP_NODELAY, else
+    // each would wait on the client's delayed ACK (up to 40 ms on Linux) behind the previous.
+    let listener = tokio::net::TcpListener::from_std(listener)?;
     tokio::spawn(crate::session::run_reaper(state.clone()));
     let closing = state.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            // Event streams never end on their own: close them so shutdown can finish.
-            closing.sessions.close_streams();
-        })
-        .await?;
+    let probe_state = state.clone();
+    let health: crate::listener::HealthProbe = Arc::new(move || {
+        let (status, body) = crate::routes::health_now(&probe_state);
+        (status.as_u16(), body.to_string())
+    });
+    let (engine_died_tx, engine_died) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(watch_engine(state.clone(), engine_died_tx));
+    let mut died = false;
+    let shutdown = async {
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            _ = engine_died => died = true,
+        }
+        // Event streams never end on their own: close them so shutdown can finish.
+        closing.sessions.close_streams();
+    };
+    crate::listener::serve(
+        listener,
+        app,
+        state.config.conn,
+        state.metrics.connections.clone(),
+        health,
+        shutdown,
+    )
+    .await?;
+    if died {
+        return Err(ServeError::EngineStopped);
+    }
     tracing::info!("shut down");
     Ok(())
+}
+
+/// Resolves `died` once the engine thread has stopped (a caught panic): the server then shuts
+/// down and exits non-zero so a supervisor restarts it, instead of answering 503 forever.
+async fn watch_engine(state: Arc<AppState>, died: tokio::sync::oneshot::Sender<()>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    while state.engine.is_alive() {
+        tick.tick().await;
+    }
+    tracing::error!("the engine thread stopped; shutting down");
+    let _ = died.send(());
 }
 
 /// What the model's configuration decides before any weight is read: its id, the KV pool and
@@ -202,8 +233,14 @@ fn build_state(
     };
     let engine =
         EngineHandle::spawn(move || LlmEngine::new(ModelRunner::new(model, kv), scheduler))?;
-    let sessions = crate::session::SessionRegistry::new(config.session_ttl, config.max_sessions);
+    let sessions = crate::session::SessionRegistry::new(
+        config.session_ttl,
+        config.max_sessions,
+        config.max_pending_bytes_total,
+    );
+    let cpu_jobs = crate::cpu_jobs::CpuJobs::new(&tokenizer);
     Ok(Arc::new(AppState {
+        cpu_jobs,
         sessions,
         engine,
         tokenizer: Arc::new(tokenizer),

@@ -22,6 +22,12 @@ pub struct ServerConfig {
     pub session_ttl: std::time::Duration,
     /// Live sessions at most; creating one more is a 409.
     pub max_sessions: usize,
+    /// Open connections served at once, the header/idle deadline, and the shutdown deadline.
+    pub conn: crate::listener::ConnLimits,
+    /// Bytes of queued session data the server holds across every session.
+    pub max_pending_bytes_total: usize,
+    /// Browser origins allowed to call the API (CORS); others are refused.
+    pub allowed_origins: crate::edge::AllowedOrigins,
 }
 
 pub struct AppState {
@@ -41,6 +47,7 @@ pub struct AppState {
     /// Each token's text alone, built on first use (constrained decoding).
     pub token_texts: std::sync::OnceLock<vigil_engine::constraint::TokenTexts>,
     pub sessions: crate::session::SessionRegistry,
+    pub cpu_jobs: crate::cpu_jobs::CpuJobs,
 }
 
 pub type SharedState = Arc<AppState>;

@@ -42,6 +42,11 @@ pub struct ServeArgs {
     /// Live sessions at most; creating one more is refused with 409.
     #[arg(long, default_value_t = 256)]
     max_sessions: usize,
+    /// Bytes of pushed, not yet ingested session data held across all sessions, e.g. `256MiB`;
+    /// a push past it is refused with 429 and `Retry-After`. A session's `max_pending_bytes`
+    /// may not exceed it.
+    #[arg(long, default_value = "256MiB")]
+    max_pending_bytes_total: String,
     /// Turn the prefix cache off (to measure without it).
     #[arg(long)]
     no_prefix_cache: bool,
@@ -51,6 +56,21 @@ pub struct ServeArgs {
     /// Largest request body accepted (bytes); larger gets 413.
     #[arg(long, default_value_t = 8 << 20)]
     max_body_bytes: usize,
+    /// Open connections served at once; past it a connection gets 503 (or `/health`) and is
+    /// closed. Default: the open-file limit less headroom.
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Seconds a connection may take to send a complete request head, on connect and between
+    /// keep-alive requests; then it is closed.
+    #[arg(long, default_value_t = 30.0)]
+    idle_timeout: f64,
+    /// Seconds in-flight requests may take to finish after SIGTERM before the process exits.
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_timeout: f64,
+    /// Browser origins allowed to call the API, comma-separated (`*` for any): they get CORS
+    /// headers and preflights; requests from other origins are refused with 403.
+    #[arg(long, default_value = "")]
+    allowed_origins: String,
     /// Quantize float weights at load (`q8_0`).
     #[arg(long)]
     quantize: Option<String>,
@@ -71,6 +91,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_seqs: args.max_seqs,
         session_ttl: std::time::Duration::from_secs_f64(args.session_ttl),
         max_sessions: args.max_sessions,
+        conn: vigil_server::listener::ConnLimits {
+            max_connections: args
+                .max_connections
+                .unwrap_or_else(vigil_server::listener::default_max_connections)
+                .max(1),
+            idle_timeout: seconds("--idle-timeout", args.idle_timeout)?,
+            shutdown_timeout: seconds("--shutdown-timeout", args.shutdown_timeout)?,
+        },
+        max_pending_bytes_total: parse_size(&args.max_pending_bytes_total)
+            .with_context(|| format!("--max-pending-bytes-total {}", args.max_pending_bytes_total))?
+            .max(1),
+        allowed_origins: vigil_server::edge::AllowedOrigins::parse(&args.allowed_origins),
     };
     let opts = EngineOptions {
         model_path,
@@ -91,6 +123,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .build()?;
     runtime.block_on(vigil_server::serve(config, opts))?;
     Ok(())
+}
+
+fn seconds(flag: &str, s: f64) -> Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{flag} must be a positive number of seconds, got {s}"))
 }
 
 /// `2GiB`, `512MiB`, `1G`, `300M`, `4096` (bytes).

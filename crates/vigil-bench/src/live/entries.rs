@@ -255,19 +255,22 @@ impl EntrySource {
     }
 }
 
-/// The client's copy of a session window: the newest whole entries whose tokens fit, evicted
-/// oldest first exactly as the server does.
+/// The client's copy of a session window, evicted exactly as the server does, entry by entry:
+/// when an entry takes the data past `cap` tokens, whole oldest entries go until at most
+/// `evict_to` remain.
 #[derive(Debug, Clone)]
 pub struct Window {
     cap: u32,
+    evict_to: u32,
     entries: VecDeque<Entry>,
     tokens: u32,
 }
 
 impl Window {
-    pub fn new(cap: u32) -> Window {
+    pub fn new(cap: u32, evict_to: u32) -> Window {
         Window {
             cap,
+            evict_to: evict_to.min(cap),
             entries: VecDeque::new(),
             tokens: 0,
         }
@@ -278,7 +281,10 @@ impl Window {
         self.tokens += e.tokens;
         self.entries.push_back(e);
         let mut evicted = 0;
-        while self.tokens > self.cap {
+        if self.tokens <= self.cap {
+            return 0;
+        }
+        while self.tokens > self.evict_to {
             let Some(old) = self.entries.pop_front() else {
                 break;
             };
@@ -330,7 +336,7 @@ mod tests {
 
     #[test]
     fn the_window_keeps_the_newest_entries_that_fit() {
-        let mut w = Window::new(10);
+        let mut w = Window::new(10, 10);
         assert_eq!(w.push(entry("a", 4)), 0);
         assert_eq!(w.push(entry("b", 4)), 0);
         assert_eq!(w.tokens(), 8);
@@ -343,6 +349,22 @@ mod tests {
         w.push(entry("e", 1));
         assert_eq!(w.user_content("Q?"), "d\ne\nQ?");
         assert_eq!(w.len(), 2);
+    }
+
+    #[test]
+    fn an_amortized_window_evicts_below_the_cap_only_when_it_passes_it() {
+        let mut w = Window::new(10, 5);
+        for t in ["a", "b"] {
+            assert_eq!(w.push(entry(t, 4)), 0);
+        }
+        // 12 > 10: evict down to at most 5 tokens (a and b go), then room again for 6.
+        assert_eq!(w.push(entry("c", 4)), 2);
+        assert_eq!(w.texts(), ["c"]);
+        assert_eq!(w.push(entry("d", 4)), 0);
+        assert_eq!(w.push(entry("e", 2)), 0);
+        assert_eq!(w.tokens(), 10);
+        assert_eq!(w.push(entry("f", 1)), 2);
+        assert_eq!(w.texts(), ["e", "f"]);
     }
 
     #[test]

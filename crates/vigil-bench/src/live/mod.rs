@@ -116,7 +116,10 @@ pub async fn run_target(
         shape.period_ms,
         shape.entry_tokens,
     );
-    let mut window = Window::new(shape.window_tokens);
+    // Half the window, as the server evicts by default, sent explicitly so the client's copy
+    // does not depend on a server's default.
+    let evict_to = shape.window_tokens / 2;
+    let mut window = Window::new(shape.window_tokens, evict_to);
     let mut fill = Vec::new();
     let mut tokens = Vec::new();
     loop {
@@ -137,7 +140,7 @@ pub async fn run_target(
         ..LiveRecord::default()
     };
     let timeout = Duration::from_secs(ctx.settings.request_timeout_s);
-    let session = Session::create(client, shape.window_tokens, SYSTEM_PROMPT).await?;
+    let session = Session::create(client, shape.window_tokens, evict_to, SYSTEM_PROMPT).await?;
     let mut flash_id = None;
     if let Some(s) = &session {
         record.sessions = true;

@@ -17,14 +17,15 @@ pub struct Session {
 }
 
 impl Session {
-    /// Creates a session with a window and a pinned system prompt; `None` when the target has
+    /// Creates a session with a window (evicting to `evict_to`) and a pinned system prompt; `None` when the target has
     /// no session API (404 or 405 on `POST /v1/sessions`).
     pub async fn create(
         client: &Client,
         window: u32,
+        evict_to: u32,
         prompt: &str,
     ) -> Result<Option<Session>, BenchError> {
-        let body = json!({"window": window, "prompt": prompt});
+        let body = json!({"window": window, "evict_to": evict_to, "prompt": prompt});
         match client.post_json("/v1/sessions", &body).await {
             Ok(v) => {
                 let id = v

@@ -104,11 +104,7 @@ async fn handle(
 }
 
 async fn encode(state: &SharedState, text: String) -> Result<Vec<u32>, ApiError> {
-    let tok = state.tokenizer.clone();
-    tokio::task::spawn_blocking(move || tok.encode(&text, true))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize: {e}")))
+    crate::cpu_jobs::encode(state, text, true, "prompt").await
 }
 
 fn finish_reason(f: &Finish) -> &'static str {

@@ -63,11 +63,7 @@ async fn count(
                 ));
             }
             let special = req.add_special_tokens.unwrap_or(true);
-            let tok = state.tokenizer.clone();
-            tokio::task::spawn_blocking(move || tok.encode(&text, special))
-                .await
-                .map_err(|e| ApiError::internal(e.to_string()))?
-                .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize: {e}")))?
+            crate::cpu_jobs::encode(state, text, special, "prompt").await?
         }
         (None, Some(messages)) => {
             if req.add_special_tokens.is_some() {
@@ -124,10 +120,11 @@ pub async fn detokenize(
             ));
         }
         let tok = state.tokenizer.clone();
-        let text = tokio::task::spawn_blocking(move || tok.decode(&req.tokens, false))
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .map_err(|e| ApiError::invalid("tokens", format!("could not decode: {e}")))?;
+        let text = crate::cpu_jobs::run(&state, move || {
+            tok.decode(&req.tokens, false)
+                .map_err(|e| ApiError::invalid("tokens", format!("could not decode: {e}")))
+        })
+        .await?;
         Ok(json!({"prompt": text}))
     }
     .await;

@@ -10,6 +10,7 @@
 
 use super::layout;
 use super::state::Session;
+use crate::error::ApiError;
 use crate::generate::{self, GenParams};
 use crate::state::SharedState;
 use serde_json::{json, Map, Value};
@@ -43,6 +44,18 @@ pub struct FlashQuery {
     pub evaluations: u64,
     pub skipped: u64,
     pub eval_ms: f64,
+    /// Why the last evaluation could not run; the query is parked until a newer version.
+    pub error: Option<FlashError>,
+}
+
+/// A parked flash query: its evaluation at `data_version` could not start (or ended without
+/// an answer). It is tried again only when the data moves on, so it never spins.
+#[derive(Debug, Clone)]
+pub struct FlashError {
+    pub message: String,
+    /// `context_length_exceeded` when the question no longer fits beside the data.
+    pub code: Option<&'static str>,
+    pub data_version: u64,
 }
 
 impl FlashQuery {
@@ -65,7 +78,18 @@ impl FlashQuery {
             v["lag"] = json!(session_version.saturating_sub(a.data_version));
             v["eval_ms"] = json!(self.eval_ms);
         }
+        if let Some(e) = &self.error {
+            v["error"] =
+                json!({"message": e.message, "code": e.code, "data_version": e.data_version});
+        }
         v
+    }
+
+    /// Whether the query needs an evaluation at version `v`: its answer is older and it is not
+    /// parked at `v` (a parked query waits for the data to move on).
+    fn due_at(&self, v: u64) -> bool {
+        self.answer.as_ref().is_none_or(|a| a.data_version < v)
+            && self.error.as_ref().is_none_or(|e| e.data_version < v)
     }
 
     /// The `flash_ready` event payload.
@@ -122,7 +146,7 @@ fn due_queries(session: &Session) -> Vec<Due> {
         return Vec::new();
     }
     (st.flash.iter())
-        .filter(|q| q.answer.as_ref().is_none_or(|a| a.data_version < v))
+        .filter(|q| q.due_at(v))
         .map(|q| Due {
             id: q.id,
             query: q.query.clone(),
@@ -137,15 +161,25 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
         (st.mirror(), st.data_version, st.layout)
     };
     let prompt_text = session.settings.prompt.as_deref();
-    let Ok(wrap) = layout::question(state, layout, prompt_text, &Map::new()) else {
-        return;
+    let wrap = match layout::question(state, layout, prompt_text, &Map::new()) {
+        Ok(w) => w,
+        Err(e) => {
+            for d in &due {
+                park(state, session, d.id, version, &e);
+            }
+            return;
+        }
     };
     let started = Instant::now();
     let mut waits = Vec::new();
     for d in due {
         let text = format!("{}{}{}", wrap.before, d.query, wrap.after);
-        let Ok(q_tokens) = state.tokenizer.encode(&text, false) else {
-            continue;
+        let q_tokens = match crate::cpu_jobs::encode(state, text, false, "query").await {
+            Ok(t) => t,
+            Err(e) => {
+                park(state, session, d.id, version, &e);
+                continue;
+            }
         };
         let mut prompt = mirror.clone();
         prompt.extend(q_tokens);
@@ -164,9 +198,7 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
         }));
         match generate::start(state, params) {
             Ok(events) => waits.push((d.id, events, rx)),
-            Err(e) => {
-                tracing::warn!(session = %session.id, "flash evaluation not started: {}", e.message)
-            }
+            Err(e) => park(state, session, d.id, version, &e),
         }
     }
     for (id, mut events, rx) in waits {
@@ -177,6 +209,10 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
             }
         }
         let Ok(Some(finished)) = rx.await else {
+            if !session.is_deleted() {
+                let e = ApiError::internal("the evaluation ended without an answer");
+                park(state, session, id, version, &e);
+            }
             continue;
         };
         state
@@ -207,6 +243,7 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
                 .flash_skipped
                 .fetch_add(skipped, Ordering::Relaxed);
             q.evaluations += 1;
+            q.error = None;
             q.eval_ms = started.elapsed().as_secs_f64() * 1000.0;
             let changed = previous.is_none_or(|(_, v)| v != answer.value);
             q.answer = Some(answer);
@@ -217,6 +254,34 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
         }
     }
     session.flash_done.send_modify(|n| *n += 1);
+}
+
+/// Park query `id` at `version` with the reason its evaluation did not run, and tell the
+/// session's streams (`error` event). The evaluator skips it until the data moves on.
+fn park(state: &SharedState, session: &Session, id: u64, version: u64, err: &ApiError) {
+    tracing::warn!(session = %session.id, flash_id = id, "flash evaluation parked: {}", err.message);
+    let event = {
+        let mut st = session.lock();
+        let Some(q) = st.flash.iter_mut().find(|q| q.id == id) else {
+            return;
+        };
+        q.error = Some(FlashError {
+            message: err.message.clone(),
+            code: err.code,
+            data_version: version,
+        });
+        json!({
+            "type": "flash_error",
+            "message": err.message,
+            "code": err.status.as_u16(),
+            "error_code": err.code,
+            "flash_id": id,
+            "query": q.query,
+            "data_version": version,
+        })
+    };
+    state.metrics.flash_errors.fetch_add(1, Ordering::Relaxed);
+    session.events.publish("error", event);
 }
 
 /// Greedy sampling that reports the first token's two best alternatives (for confidence).

@@ -167,11 +167,7 @@ async fn generate_inner(
     };
     let wrap = layout::question(state, layout_now, opening, &kwargs)?;
     let text = format!("{}{}{}", wrap.before, question, wrap.after);
-    let tokenizer = state.tokenizer.clone();
-    let q_tokens = tokio::task::spawn_blocking(move || tokenizer.encode(&text, false))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?;
+    let q_tokens = crate::cpu_jobs::encode(state, text, false, "prompt").await?;
     let mut prompt = mirror;
     prompt.extend(q_tokens);
     let guard = ForegroundGuard::new(session.clone());

@@ -3,13 +3,17 @@
 //! priority. When a batch is KV-resident, `data_version` goes up, `data_updated` is sent and
 //! the flash evaluator wakes.
 //!
-//! With a `window`, the oldest whole entries are evicted when the data would exceed it and the
-//! retained context is recomputed from the opening (the engine forks the pin's common prefix,
-//! which is then the opening alone): a fresh prefill of up to `window` tokens per evicting batch.
+//! With a `window`, the oldest whole entries are evicted when the data would exceed it, down to
+//! `evict_to` (half the window by default), and the retained context is recomputed from the
+//! opening (the engine forks the pin's common prefix, which is then the opening alone). A
+//! recompute of `evict_to` tokens buys room for `window - evict_to` more, so the default costs
+//! about one recomputed token per ingested token (2 prefill tokens per ingested token in all),
+//! where evicting to the window itself would recompute the whole window for every entry.
 //! Queries keep using the old KV until the batch lands.
 
 use super::flash::{greedy, logit_gap};
 use super::layout;
+use super::queued_cost;
 use super::state::{Entry, Layout, Overflow, Session};
 use crate::error::ApiError;
 use crate::generate::{self, GenParams};
@@ -32,7 +36,7 @@ pub async fn tokenize_entries(
     texts: Vec<String>,
 ) -> Result<Vec<Entry>, ApiError> {
     let tokenizer = state.tokenizer.clone();
-    tokio::task::spawn_blocking(move || {
+    crate::cpu_jobs::run(state, move || {
         texts
             .into_iter()
             .map(|text| {
@@ -44,7 +48,6 @@ pub async fn tokenize_entries(
             .collect()
     })
     .await
-    .map_err(|e| ApiError::internal(e.to_string()))?
 }
 
 /// The push ack: queue counters after this push.
@@ -93,6 +96,14 @@ pub fn push(
         e.retry_after = Some(1);
         return Err(e);
     }
+    if session.is_deleted() {
+        return Err(ApiError::not_found(format!(
+            "session `{}` not found",
+            session.id
+        )));
+    }
+    let cost: usize = entries.iter().map(queued_cost).sum();
+    state.sessions.reserve_queued(cost)?;
     st.pending.extend(entries);
     st.pending_bytes += bytes;
     st.total_pushed += n as u64;
@@ -102,6 +113,7 @@ pub fn push(
     {
         if let Some(e) = st.pending.pop_front() {
             st.pending_bytes -= e.text.len();
+            state.sessions.release_queued(queued_cost(&e));
             dropped += 1;
         }
     }
@@ -157,6 +169,7 @@ fn take_batch(state: &SharedState, session: &Session) -> Result<Option<Batch>, A
         tokens += e.tokens.len();
         if let Some(e) = st.pending.pop_front() {
             st.pending_bytes -= e.text.len();
+            state.sessions.release_queued(queued_cost(&e));
             entries.push(e);
         }
     }
@@ -172,21 +185,28 @@ fn take_batch(state: &SharedState, session: &Session) -> Result<Option<Batch>, A
             base.extend(t);
         }
     }
+    // The window rule is applied entry by entry, so what a session retains depends only on
+    // the entries pushed, never on how they were batched (a client can mirror it exactly).
     let mut retained = st.entries.clone();
-    retained.extend(entries.iter().cloned());
     let (mut evicted, mut evicted_tokens) = (0, 0);
-    if let Some(window) = session.settings.window {
-        let mut data: usize = retained.iter().map(|e| e.tokens.len()).sum();
-        let target = if data > window {
-            session.settings.evict_to.unwrap_or(window)
-        } else {
-            window
+    let mut data: usize = retained.iter().map(|e| e.tokens.len()).sum();
+    for e in &entries {
+        retained.push_back(e.clone());
+        data += e.tokens.len();
+        let Some(window) = session.settings.window else {
+            continue;
         };
+        if data <= window {
+            continue;
+        }
+        let target = session.settings.evict_to.unwrap_or(window);
         while data > target {
-            let Some(e) = retained.pop_front() else { break };
-            data -= e.tokens.len();
+            let Some(old) = retained.pop_front() else {
+                break;
+            };
+            data -= old.tokens.len();
             evicted += 1;
-            evicted_tokens += e.tokens.len();
+            evicted_tokens += old.tokens.len();
         }
     }
     Ok(Some(Batch {

@@ -50,13 +50,23 @@ fn split_turn(
         let head = system.map(|s| format!("{s}\n")).unwrap_or_default();
         return Ok((head, "\n".into()));
     }
-    let text = render(state, messages(system, MARK), true, kwargs)?;
-    match text.split_once(MARK) {
+    // The marker must not occur in the client's own text, or the cut would land inside it.
+    let mut mark = MARK.to_string();
+    let taken = |m: &str| system.is_some_and(|s| s.contains(m)) || kwargs_contain(kwargs, m);
+    while taken(&mark) {
+        mark.push('\u{1}');
+    }
+    let text = render(state, messages(system, &mark), true, kwargs)?;
+    match text.split_once(mark.as_str()) {
         Some((head, tail)) => Ok((head.to_string(), tail.to_string())),
         None => Err(ApiError::internal(
             "the chat template drops the user message",
         )),
     }
+}
+
+fn kwargs_contain(kwargs: &Map<String, Value>, needle: &str) -> bool {
+    kwargs.values().any(|v| v.to_string().contains(needle))
 }
 
 /// The opening of a session: everything before its first data entry.

@@ -17,7 +17,7 @@ use crate::state::SharedState;
 use axum::http::StatusCode;
 use state::{Session, SessionSettings};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +26,18 @@ pub struct SessionRegistry {
     next_pin: AtomicU64,
     pub ttl: Duration,
     pub max_sessions: usize,
+    /// Bytes queued in every session's pending queue (`queued_cost` each), and the most the
+    /// server holds (`--max-pending-bytes-total`); a push past it is a 429.
+    pub queued_bytes: AtomicUsize,
+    pub max_queued_bytes: usize,
+}
+
+/// Bookkeeping a queued entry costs beyond its text (its token vector and queue slot).
+const ENTRY_OVERHEAD: usize = 64;
+
+/// What one queued entry counts against `--max-pending-bytes-total`.
+pub fn queued_cost(e: &state::Entry) -> usize {
+    e.text.len() + 4 * e.tokens.len() + ENTRY_OVERHEAD
 }
 
 pub fn conflict(message: impl Into<String>) -> ApiError {
@@ -44,13 +56,48 @@ pub fn valid_id(id: &str) -> bool {
 }
 
 impl SessionRegistry {
-    pub fn new(ttl: Duration, max_sessions: usize) -> Self {
+    pub fn new(ttl: Duration, max_sessions: usize, max_queued_bytes: usize) -> Self {
         SessionRegistry {
             sessions: Mutex::new(HashMap::new()),
             next_pin: AtomicU64::new(1),
             ttl,
             max_sessions,
+            queued_bytes: AtomicUsize::new(0),
+            max_queued_bytes,
         }
+    }
+
+    /// Take `bytes` of the server-wide queue budget, or say how full it is.
+    pub fn reserve_queued(&self, bytes: usize) -> Result<(), ApiError> {
+        let r = self
+            .queued_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q + bytes <= self.max_queued_bytes).then_some(q + bytes)
+            });
+        match r {
+            Ok(_) => Ok(()),
+            Err(q) => {
+                let mut e = ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    format!(
+                        "the server holds {q} bytes of queued session data and this push adds {bytes}; the limit is {} (--max-pending-bytes-total); nothing was queued, retry once ingest catches up",
+                        self.max_queued_bytes
+                    ),
+                );
+                e.retry_after = Some(1);
+                Err(e)
+            }
+        }
+    }
+
+    /// Give back queue budget of entries that left a pending queue.
+    pub fn release_queued(&self, bytes: usize) {
+        let _ = self
+            .queued_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                Some(q.saturating_sub(bytes))
+            });
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
@@ -77,10 +124,11 @@ impl SessionRegistry {
         Ok(s)
     }
 
-    /// Every session, by creation time then id.
+    /// Every session, in creation order (pin keys are issued in that order, so sessions made
+    /// within the same millisecond keep it too).
     pub fn list(&self) -> Vec<Arc<Session>> {
         let mut v: Vec<_> = self.map().values().cloned().collect();
-        v.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
+        v.sort_by_key(|s| (s.created_ms, s.pin));
         v
     }
 
@@ -159,6 +207,14 @@ impl SessionRegistry {
             .events
             .publish("deleted", serde_json::json!({"session_id": session.id}));
         session.mark_deleted();
+        let queued: usize = {
+            let mut st = session.lock();
+            let q = st.pending.iter().map(queued_cost).sum();
+            st.pending.clear();
+            st.pending_bytes = 0;
+            q
+        };
+        self.release_queued(queued);
         // Wait (briefly) for the batch or warm in flight to let go, so no request saves to
         // the pin after it is dropped; their aborts reach the engine first either way.
         let _ = tokio::time::timeout(Duration::from_secs(2), session.writer.lock()).await;

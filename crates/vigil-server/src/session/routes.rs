@@ -47,13 +47,16 @@ struct CreateRequest {
     max_pending_bytes: Option<i64>,
 }
 
-fn positive(field: &str, v: Option<i64>, default: usize) -> Result<usize, ApiError> {
+/// The most entries a session's pending queue may be set to hold.
+pub const MAX_PENDING_LIMIT: usize = 65_536;
+
+fn bounded(field: &str, v: Option<i64>, default: usize, max: usize) -> Result<usize, ApiError> {
     match v {
-        None => Ok(default),
-        Some(n) if n >= 1 => Ok(n as usize),
+        None => Ok(default.min(max)),
+        Some(n) if n >= 1 && n as u64 <= max as u64 => Ok(n as usize),
         Some(n) => Err(ApiError::invalid(
             field,
-            format!("`{field}` must be at least 1, got {n}"),
+            format!("`{field}` must be between 1 and {max} (this server's maximum), got {n}"),
         )),
     }
 }
@@ -65,11 +68,16 @@ pub async fn create(State(state): State<SharedState>, body: Body) -> Response {
 
 async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError> {
     let req: CreateRequest = parse_body(body, Flavor::OpenAi)?;
-    let opening_text = layout::opening(state, req.prompt.as_deref())?;
-    let opening = state
-        .tokenizer
-        .encode(&opening_text, false)
-        .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?;
+    // Rendering and tokenizing a client's `prompt` is CPU work: off the async workers.
+    let (st, prompt) = (state.clone(), req.prompt.clone());
+    crate::cpu_jobs::check_length(state, prompt.as_deref().map_or(0, str::len), "prompt")?;
+    let opening = crate::cpu_jobs::run(state, move || {
+        let text = layout::opening(&st, prompt.as_deref())?;
+        st.tokenizer
+            .encode(&text, false)
+            .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))
+    })
+    .await?;
     let room = state
         .max_model_len
         .saturating_sub(opening.len() + ingest::QUESTION_ROOM.min(state.max_model_len / 4));
@@ -84,7 +92,9 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
         }
     };
     let evict_to = match (req.evict_to, window) {
-        (None, _) => None,
+        (None, None) => None,
+        // Amortized by default: a recompute of the retained half buys room for the other half.
+        (None, Some(w)) => Some(w / 2),
         (Some(_), None) => {
             return Err(ApiError::invalid("evict_to", "`evict_to` needs a `window`"))
         }
@@ -105,11 +115,17 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
         pre_decode: req.pre_decode.unwrap_or(false),
         prompt: req.prompt,
         overflow: req.overflow.unwrap_or(Overflow::DropOldest),
-        max_pending: positive("max_pending", req.max_pending, DEFAULT_MAX_PENDING)?,
-        max_pending_bytes: positive(
+        max_pending: bounded(
+            "max_pending",
+            req.max_pending,
+            DEFAULT_MAX_PENDING,
+            MAX_PENDING_LIMIT,
+        )?,
+        max_pending_bytes: bounded(
             "max_pending_bytes",
             req.max_pending_bytes,
             DEFAULT_MAX_PENDING_BYTES,
+            state.sessions.max_queued_bytes,
         )?,
     };
     let s = state.sessions.create(state, req.id, settings, opening)?;
@@ -228,11 +244,7 @@ pub async fn add_flash(
             .max_tokens
             .unwrap_or(DEFAULT_FLASH_MAX_TOKENS as i64)
             .clamp(1, 256) as usize;
-        let tokens = state
-            .tokenizer
-            .encode(&req.query, false)
-            .map_err(|e| ApiError::invalid("query", format!("could not tokenize the query: {e}")))?
-            .len();
+        let tokens = flash_fits(&state, &session, &req.query).await?;
         let v = {
             let mut st = session.lock();
             if st.flash.iter().any(|q| q.query == req.query) {
@@ -254,6 +266,7 @@ pub async fn add_flash(
                 evaluations: 0,
                 skipped: 0,
                 eval_ms: 0.0,
+                error: None,
             };
             st.next_flash_id += 1;
             let v = q.to_json(st.data_version);
@@ -265,6 +278,48 @@ pub async fn add_flash(
     }
     .await;
     respond(&state, r)
+}
+
+/// The query's own token count, after checking that it can be answered at all: the opening,
+/// the question's wrapping and the query must leave room for one generated token even on
+/// empty data (else 400 `context_length_exceeded` naming `query`). Tokenized off the async
+/// workers.
+async fn flash_fits(
+    state: &SharedState,
+    session: &Session,
+    query: &str,
+) -> Result<usize, ApiError> {
+    let wrap = layout::question(
+        state,
+        super::state::Layout::Data,
+        session.settings.prompt.as_deref(),
+        &Default::default(),
+    )?;
+    let (tokenizer, query) = (state.tokenizer.clone(), query.to_string());
+    crate::cpu_jobs::check_length(state, query.len(), "query")?;
+    let (own, wrapped) = crate::cpu_jobs::run(state, move || {
+        let bad = |e: vigil_model::ModelError| {
+            ApiError::invalid("query", format!("could not tokenize the query: {e}"))
+        };
+        let own = tokenizer.encode(&query, false).map_err(bad)?.len();
+        let text = format!("{}{query}{}", wrap.before, wrap.after);
+        let wrapped = tokenizer.encode(&text, false).map_err(bad)?;
+        Ok((own, wrapped.len()))
+    })
+    .await?;
+    let needed = session.opening_tokens.len() + wrapped;
+    if needed >= state.max_model_len {
+        let mut e = ApiError::invalid(
+            "query",
+            format!(
+                "the flash query cannot be answered: the opening and the query take {needed} tokens, and this model's context is {} tokens (one more is needed for the answer, before any data)",
+                state.max_model_len
+            ),
+        );
+        e.code = Some("context_length_exceeded");
+        return Err(e);
+    }
+    Ok(own)
 }
 
 pub async fn list_flash(State(state): State<SharedState>, Path(id): Path<String>) -> Response {

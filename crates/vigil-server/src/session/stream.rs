@@ -27,7 +27,6 @@ use tokio::sync::broadcast::{self, error::RecvError};
 
 const HEARTBEAT: Duration = Duration::from_secs(15);
 const WS_READ_TIMEOUT: Duration = Duration::from_secs(30);
-const WS_MAX_FRAME: usize = 16 << 20;
 
 /// Counts an attached stream (an attached session does not expire) until dropped.
 struct Subscriber(Arc<Session>);
@@ -182,9 +181,11 @@ pub async fn ws(
             )
         }
     };
+    // A pushed message obeys the same limit as a push body.
+    let limit = state.config.max_body_bytes;
     upgrade
-        .max_message_size(WS_MAX_FRAME)
-        .max_frame_size(WS_MAX_FRAME)
+        .max_message_size(limit)
+        .max_frame_size(limit)
         .on_upgrade(move |socket| serve_socket(state, session, socket))
 }
 

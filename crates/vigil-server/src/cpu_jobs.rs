@@ -1,0 +1,87 @@
+//! CPU work on client data (tokenizing, template rendering) runs here, off the async workers
+//! and a few jobs at a time, so large or many prompts neither stall `/health` and the
+//! streams nor pile up memory: at most one job per core runs, the rest wait their turn. A
+//! text is refused before it is tokenized when its length alone shows it cannot fit.
+
+use crate::error::ApiError;
+use crate::state::SharedState;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// The permits that bound the jobs, and what a length check needs to know.
+pub struct CpuJobs {
+    permits: Arc<Semaphore>,
+    /// The longest token of the vocabulary, in bytes: a text of more than
+    /// `max_model_len × max_token_bytes` bytes cannot fit the context.
+    pub max_token_bytes: usize,
+}
+
+impl CpuJobs {
+    pub fn new(tokenizer: &vigil_model::tokenizer::Tokenizer) -> CpuJobs {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let max_token_bytes = (0..tokenizer.vocab_size() as u32)
+            .filter_map(|id| tokenizer.id_to_token(id))
+            .map(|t| t.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        CpuJobs {
+            permits: Arc::new(Semaphore::new(cores)),
+            max_token_bytes,
+        }
+    }
+}
+
+/// Run `f` on the blocking pool once a permit is free.
+pub async fn run<T: Send + 'static>(
+    state: &SharedState,
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let permit = (state.cpu_jobs.permits.clone().acquire_owned())
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    tokio::task::spawn_blocking(move || {
+        let r = f();
+        drop(permit);
+        r
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("a tokenizer job failed: {e}")))?
+}
+
+/// Refuse `text` (400 `context_length_exceeded` naming `param`) when its bytes alone show that
+/// its tokens cannot fit `max_model_len`.
+pub fn check_length(state: &SharedState, text_bytes: usize, param: &str) -> Result<(), ApiError> {
+    let most = state
+        .max_model_len
+        .saturating_mul(state.cpu_jobs.max_token_bytes);
+    if text_bytes <= most {
+        return Ok(());
+    }
+    let mut e = ApiError::invalid(
+        param,
+        format!(
+            "the text is {text_bytes} bytes: more than the {} tokens of this model's context can hold (its longest token is {} bytes)",
+            state.max_model_len, state.cpu_jobs.max_token_bytes
+        ),
+    );
+    e.code = Some("context_length_exceeded");
+    Err(e)
+}
+
+/// `text`'s token ids, after the length check, on the bounded pool.
+pub async fn encode(
+    state: &SharedState,
+    text: String,
+    add_special_tokens: bool,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    check_length(state, text.len(), param)?;
+    let tokenizer = state.tokenizer.clone();
+    run(state, move || {
+        tokenizer
+            .encode(&text, add_special_tokens)
+            .map_err(|e| ApiError::invalid(param, format!("could not tokenize: {e}")))
+    })
+    .await
+}
