@@ -120,3 +120,75 @@ fn concurrent_requests_and_disconnects_leave_no_blocks_behind() {
         );
     });
 }
+
+/// A constraint that panics once its sequence has sampled `after` tokens: a stand-in for any
+/// bug inside a step (the constraint runs on the engine thread, inside `step()`).
+struct PanicsAfter {
+    after: usize,
+    seen: usize,
+}
+
+impl vigil_engine::constraint::TokenConstraint for PanicsAfter {
+    fn allows(&self, _token: u32) -> bool {
+        if self.seen >= self.after {
+            panic!("constraint bug after {} tokens", self.seen);
+        }
+        true
+    }
+    fn advance(&mut self, _token: u32) {
+        self.seen += 1;
+    }
+    fn is_complete(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_panicking_step_fails_every_request_and_stops_the_engine() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let handle = spawn_engine(64);
+        assert!(handle.is_alive());
+        let mut bystander = handle.submit(request(1, 200)).unwrap();
+        let mut faulty = request(2, 200);
+        faulty.constraint = Some(Box::new(PanicsAfter { after: 3, seen: 0 }));
+        let mut faulty = handle.submit(faulty).unwrap();
+        let last = |ev: Option<RequestEvent>| ev.map(|e| format!("{e:?}"));
+        let mut ends = Vec::new();
+        for stream in [&mut faulty, &mut bystander] {
+            let mut end = None;
+            while let Some(ev) = stream.next().await {
+                if matches!(ev, RequestEvent::Failed(_) | RequestEvent::Finished { .. }) {
+                    end = last(Some(ev));
+                    break;
+                }
+            }
+            ends.push(end);
+        }
+        for end in &ends {
+            let end = end.as_deref().unwrap_or("no end");
+            assert!(
+                end.starts_with("Failed(") && end.contains("constraint bug after 3 tokens"),
+                "{end}"
+            );
+        }
+        for _ in 0..200 {
+            if !handle.is_alive() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            !handle.is_alive(),
+            "the engine thread kept running after a panic"
+        );
+        assert_eq!(handle.stats.in_flight.load(Ordering::Relaxed), 0);
+        assert!(
+            handle.submit(request(3, 4)).is_err(),
+            "a stopped engine accepted a request"
+        );
+    });
+}

@@ -58,15 +58,13 @@ pub fn check_length(state: &SharedState, text_bytes: usize, param: &str) -> Resu
     if text_bytes <= most {
         return Ok(());
     }
-    let mut e = ApiError::invalid(
+    Err(ApiError::too_long(
         param,
         format!(
             "the text is {text_bytes} bytes: more than the {} tokens of this model's context can hold (its longest token is {} bytes)",
             state.max_model_len, state.cpu_jobs.max_token_bytes
         ),
-    );
-    e.code = Some("context_length_exceeded");
-    Err(e)
+    ))
 }
 
 /// `text`'s token ids, after the length check, on the bounded pool.

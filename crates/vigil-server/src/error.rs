@@ -76,6 +76,13 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "api_error", message)
     }
 
+    /// 400 `context_length_exceeded` naming `param`.
+    pub fn too_long(param: &str, message: impl Into<String>) -> Self {
+        let mut e = Self::invalid(param, message);
+        e.code = Some("context_length_exceeded");
+        e
+    }
+
     pub fn context_length(prompt_tokens: usize, max_model_len: usize) -> Self {
         let mut e = Self::invalid(
             "messages",

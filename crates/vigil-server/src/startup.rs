@@ -28,6 +28,9 @@ pub struct EngineOptions {
     pub kv_memory_bytes: usize,
     pub block_size: usize,
     pub max_batched_tokens: usize,
+    /// Tokens of a step that session work (ingest, flash, warm) may take while client requests
+    /// run in it.
+    pub session_step_tokens: usize,
     pub enable_prefix_cache: bool,
 }
 
@@ -227,6 +230,7 @@ fn build_state(
     );
     let scheduler = SchedulerConfig {
         max_batched_tokens: opts.max_batched_tokens,
+        max_lower_tokens_with_foreground: opts.session_step_tokens,
         max_seqs: config.max_seqs,
         enable_prefix_cache: opts.enable_prefix_cache,
         ..SchedulerConfig::default()

@@ -30,6 +30,10 @@ pub struct ServeArgs {
     /// Tokens computed per engine step across all sequences (prefill chunks + decodes).
     #[arg(long, default_value_t = 512)]
     max_batched_tokens: usize,
+    /// Tokens of each step that session work (ingest, flash evaluations, warm) may take while
+    /// client requests run in it: more keeps ingest ahead, fewer keeps client tokens quicker.
+    #[arg(long, default_value_t = 64)]
+    session_step_tokens: usize,
     /// Sequences running at once.
     #[arg(long, default_value_t = 64)]
     max_seqs: usize,
@@ -115,6 +119,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         kv_memory_bytes,
         block_size: 16,
         max_batched_tokens: args.max_batched_tokens,
+        session_step_tokens: args.session_step_tokens.max(1),
         enable_prefix_cache: !args.no_prefix_cache,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

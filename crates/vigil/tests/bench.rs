@@ -385,10 +385,10 @@ fn check_live(file: &Value) {
     let w = &live["window_check"];
     assert_eq!(w["same_entries"], true, "{w}");
     assert_eq!(w["client_tokens"], w["server_tokens"], "{w}");
-    assert!(
-        num(&w["client_tokens"], "window tokens") > 160.0 - 32.0,
-        "{w}"
-    );
+    // The fill stops at the first eviction, which leaves at most `evict_to` (half the 160-token
+    // window) and more than that less one entry.
+    let held = num(&w["client_tokens"], "window tokens");
+    assert!(held > 80.0 - 32.0 && held <= 80.0, "{w}");
     assert!(num(&live["fill_entries"], "fill") > num(&w["client_entries"], "entries"));
     assert!(live["flash_ready_ms"].is_number());
     assert!(num(&live["flash_query"]["evaluations"], "evaluations") >= 1.0);
@@ -433,9 +433,13 @@ fn check_live(file: &Value) {
     }
     assert_eq!(num(&replay["measured_requests"], "replays"), 3.0);
     for s in replay["samples"].as_array().into_iter().flatten() {
-        assert!(num(&s["window_entries"], "window entries") >= 4.0, "{s}");
-        // The whole window is re-sent: its tokens and the question, system prompt, template.
-        assert!(num(&s["prompt_tokens"], "prompt") > 160.0 - 32.0, "{s}");
+        // At least what the window keeps after an eviction (more than 80 − 32 tokens of
+        // ~24-token entries), re-sent whole with the question, system prompt and template.
+        assert!(num(&s["window_entries"], "window entries") >= 2.0, "{s}");
+        assert!(
+            num(&s["prompt_tokens"], "prompt") > 80.0 - 32.0 + 24.0,
+            "{s}"
+        );
     }
 }
 

@@ -68,15 +68,13 @@ pub fn push(
             .saturating_sub(QUESTION_ROOM.min(state.max_model_len / 4));
         let total = st.data_end() + st.pending_tokens() + new_tokens;
         if total > limit {
-            let mut e = ApiError::invalid(
+            return Err(ApiError::too_long(
                 "data",
                 format!(
                     "the session is full: its data would take {total} tokens, more than the {limit} an append-only session may hold (context {} minus room for a question); create the session with a `window`",
                     state.max_model_len
                 ),
-            );
-            e.code = Some("context_length_exceeded");
-            return Err(e);
+            ));
         }
     }
     if s.overflow == Overflow::Reject
@@ -282,6 +280,12 @@ async fn ingest_batch(state: &SharedState, session: &Arc<Session>, batch: Batch)
         }
     }
     let Ok(Some(finished)) = rx.await else {
+        // The prefill ended without a result (the engine failed it): report the entries as
+        // dropped rather than lose them silently. A deleted session has nobody to tell.
+        if !session.is_deleted() {
+            let e = ApiError::internal("the ingest prefill ended without a result");
+            lose_batch(state, session, batch.entries.len(), &e);
+        }
         return;
     };
     let ready = finished

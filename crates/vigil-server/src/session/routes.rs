@@ -309,15 +309,13 @@ async fn flash_fits(
     .await?;
     let needed = session.opening_tokens.len() + wrapped;
     if needed >= state.max_model_len {
-        let mut e = ApiError::invalid(
+        return Err(ApiError::too_long(
             "query",
             format!(
                 "the flash query cannot be answered: the opening and the query take {needed} tokens, and this model's context is {} tokens (one more is needed for the answer, before any data)",
                 state.max_model_len
             ),
-        );
-        e.code = Some("context_length_exceeded");
-        return Err(e);
+        ));
     }
     Ok(own)
 }

@@ -235,7 +235,18 @@ async fn serve_socket(state: SharedState, session: Arc<Session>, mut socket: Web
             msg = socket.recv() => {
                 read_deadline = tokio::time::Instant::now() + WS_READ_TIMEOUT;
                 match msg {
-                    None | Some(Err(_)) => return,
+                    None => return,
+                    Some(Err(e)) => {
+                        // A message over the limit (or a broken frame): say so, if the socket
+                        // still takes a close frame.
+                        let (code, reason) = match e.to_string().to_ascii_lowercase() {
+                            m if m.contains("too long") || m.contains("too big") || m.contains("capacity") => (1009, "message larger than --max-body-bytes"),
+                            _ => (1002, "protocol error"),
+                        };
+                        let frame = axum::extract::ws::CloseFrame { code, reason: reason.into() };
+                        let _ = socket.send(Message::Close(Some(frame))).await;
+                        return;
+                    }
                     Some(Ok(Message::Text(t))) => match handle_text(&state, &session, t.as_str()).await {
                         Reply::Send(m) => Some(m),
                         Reply::Close => {
