@@ -320,3 +320,31 @@ def test_sigterm_exits_within_the_deadline_despite_a_reader_that_never_reads(ggu
     finally:
         stalled.close()
         server.stop()
+
+
+# ── 8. Admission is one atomic step ──────────────────────────────────────────────────────
+
+
+def test_concurrent_arrivals_never_overshoot_the_admission_bound(overload):
+    """16 requests released at once on a server admitting one (`--max-seqs 1 --max-queue 0`),
+    each long enough that all of them overlap: exactly one is admitted, 15 get 503."""
+    import threading
+
+    barrier = threading.Barrier(16)
+    statuses: list[int] = []
+    body = {"messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 48,
+            "temperature": 0, "ignore_eos": True}
+
+    def one():
+        with httpx.Client(timeout=120) as c:
+            barrier.wait()
+            statuses.append(c.post(overload.v1 + "/chat/completions", json=body).status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(statuses) == [200] + [503] * 15, statuses
+    h = overload.wait_idle()
+    assert h["running"] == 0 and h["queued"] == 0, h

@@ -122,17 +122,16 @@ pub fn start(
     let room = state.max_model_len - prompt_len;
     let max_tokens = params.max_tokens.map_or(room, |m| m.min(room));
     let context_capped = params.max_tokens.is_none_or(|m| m > room);
-    let stats = &state.engine.stats;
     let capacity = state.config.max_seqs + state.config.max_queue;
-    let background = state.metrics.background_in_flight.load(Ordering::Relaxed);
     let foreground = params.priority == Priority::Foreground;
-    if foreground
-        && stats
-            .in_flight
-            .load(Ordering::Relaxed)
-            .saturating_sub(background)
-            >= capacity
-    {
+    // One atomic step: a seat is taken only if one is free, so concurrent requests cannot
+    // overshoot the bound between a check and a submit.
+    let seat = if foreground {
+        Admission::take(state, capacity)
+    } else {
+        None
+    };
+    if foreground && seat.is_none() {
         state
             .metrics
             .requests_rejected_overload
@@ -184,6 +183,7 @@ pub fn start(
     let state = state.clone();
     let arrived = Instant::now();
     tokio::spawn(async move {
+        let _seat = seat;
         let ctx = DriveCtx {
             prompt_len,
             prompt_tail,
@@ -212,6 +212,29 @@ pub fn start(
         }
     });
     Ok(rx)
+}
+
+/// A foreground request's place in the `--max-seqs` + `--max-queue` bound, given back when
+/// the request's task ends (or when it fails to start).
+struct Admission(SharedState);
+
+impl Admission {
+    fn take(state: &SharedState, capacity: usize) -> Option<Admission> {
+        let counter = &state.metrics.foreground_in_flight;
+        let taken = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < capacity).then_some(n + 1)
+        });
+        taken.ok().map(|_| Admission(state.clone()))
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.0
+            .metrics
+            .foreground_in_flight
+            .fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 struct DriveCtx {

@@ -89,6 +89,8 @@ pub struct ServerMetrics {
     pub sessions_live: AtomicUsize,
     /// Background requests (flash evaluations, ingest, warm) submitted and not yet finished.
     pub background_in_flight: AtomicUsize,
+    /// Client requests admitted and not yet ended (the `--max-seqs` + `--max-queue` bound).
+    pub foreground_in_flight: AtomicUsize,
     pub requests_started: AtomicU64,
     pub requests_ok: AtomicU64,
     pub requests_client_error: AtomicU64,
