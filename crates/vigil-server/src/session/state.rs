@@ -259,7 +259,6 @@ impl Session {
         if let Some(w) = self.settings.window {
             v["window"] = json!(w);
             v["evict_to"] = json!(self.settings.evict_to.unwrap_or(w));
-            // (`evict_to` is set whenever `window` is; `unwrap_or` covers a settings literal.)
         }
         if st.opening_len > 0 {
             v["frozen_end"] = json!(st.opening_len);
