@@ -10,6 +10,7 @@ within its deadline with a reader that never reads."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import time
@@ -18,7 +19,7 @@ import uuid
 import httpx
 import pytest
 
-from conftest import TINY, iter_sse, session_url, start_server
+from conftest import TINY, iter_sse, prom_samples, session_url, start_server
 
 IDLE_TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 16
@@ -300,23 +301,105 @@ def test_a_foreign_origin_is_refused_and_an_allowed_one_gets_cors(hard):
 # ── 5. Shutdown deadline ─────────────────────────────────────────────────────────────────
 
 
-def test_sigterm_exits_within_the_deadline_despite_a_reader_that_never_reads(gguf):
-    """SmolLM2 (8,192-token context) streams for minutes to a client that never reads."""
-    server = start_server("shutdown-deadline", gguf, "--kv-memory", "64MiB", "--shutdown-timeout", "2")
-    stalled = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+def stalled_stream(port: int) -> socket.socket:
+    """A streamed completion (minutes long on SmolLM2) whose client never reads: its receive
+    buffer is 4 KiB, so the server's writes soon stall."""
+    stalled = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.settimeout(5)
+    stalled.connect(("127.0.0.1", port))
+    body = json.dumps({"prompt": "a", "stream": True, "ignore_eos": True, "max_tokens": 100000,
+                       "logprobs": 5}).encode()
+    stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+    return stalled
+
+
+def running(server) -> int:
+    return httpx.get(server.url + "/health", timeout=10).json()["running"]
+
+
+def test_sigterm_ends_every_stream_with_a_final_event_and_exits_within_the_deadline(gguf):
+    """SmolLM2 (8,192-token context) streams for minutes to one client that never reads and
+    one that does; a session event stream is attached. On SIGTERM with a 2 s deadline the event
+    stream ends at once with `shutdown`, the reading client's stream ends at the deadline with
+    an error frame naming the shutdown then `[DONE]`, and the process exits 0 in time."""
+    import threading
+
+    server = start_server("shutdown-deadline", gguf, "--kv-memory", "64MiB",
+                          "--shutdown-timeout", "2", "--write-timeout", "60")
+    stalled = stalled_stream(server.port)
+    seen: dict[str, list] = {"chat": [], "events": []}
+
+    def read_chat():
+        body = {"model": "m", "stream": True, "max_tokens": 100000, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Count."}]}
+        with httpx.stream("POST", server.v1 + "/chat/completions", json=body, timeout=30) as r:
+            for _, data in iter_sse(r):
+                seen["chat"].append(data)
+
+    def read_events(session_id):
+        with httpx.stream("GET", session_url(server, session_id) + "/events", timeout=30) as r:
+            for event, data in iter_sse(r):
+                seen["events"].append((event, data))
+
     try:
-        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        body = json.dumps({"prompt": "a", "stream": True, "ignore_eos": True,
-                           "max_tokens": 100000}).encode()
-        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
-                        + f"content-length: {len(body)}\r\n\r\n".encode() + body)
-        time.sleep(1.0)  # streaming; this client never reads
+        session_id = create(server)
+        readers = [threading.Thread(target=read_chat, daemon=True),
+                   threading.Thread(target=read_events, args=(session_id,), daemon=True)]
+        for t in readers:
+            t.start()
+        deadline = time.monotonic() + 20
+        while not (seen["chat"] and seen["events"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen["chat"] and seen["events"], "streams did not start"
+        time.sleep(0.5)
         t0 = time.monotonic()
         server.signal(signal.SIGTERM)
         code = server.wait_exit(timeout=15)
         took = time.monotonic() - t0
+        for t in readers:
+            t.join(timeout=5)
         assert code == 0, server.log_tail()
         assert took < 2 + 3, f"exit took {took:.1f}s with a 2 s deadline"
+        assert seen["chat"][-1] == "[DONE]", seen["chat"][-3:]
+        err = json.loads(seen["chat"][-2])["error"]
+        assert err["code"] == "server_shutdown" and "shutting down" in err["message"], err
+        assert seen["events"][-1][0] == "shutdown", seen["events"][-3:]
+        assert "shutting down" in json.loads(seen["events"][-1][1])["message"]
+    finally:
+        stalled.close()
+        server.stop()
+
+
+def test_a_client_that_stops_reading_is_cut_off_by_the_write_timeout(gguf):
+    """With `--write-timeout 1`, a streamed completion to a client that never reads is
+    disconnected once the socket stops taking bytes: its generation stops (no request is
+    running), the client finds a stream cut short (no `[DONE]`), and the server serves others.
+    `--send-buffer-bytes 8192` keeps the kernel from buffering megabytes first (on loopback it
+    autotunes the send buffer up to 4 MiB, minutes of this stream)."""
+    server = start_server("write-timeout", gguf, "--kv-memory", "64MiB", "--write-timeout", "1",
+                          "--send-buffer-bytes", "8192")
+    stalled = stalled_stream(server.port)
+    try:
+        deadline = time.monotonic() + 10
+        while running(server) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running(server) == 1, "the stalled stream never started"
+        # 100,000 tokens (capped by the 8,192-token context) take minutes; the socket fills in
+        # well under a second of them, then the write deadline passes.
+        deadline = time.monotonic() + 20
+        while running(server) != 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert running(server) == 0, "the generation to a stalled reader is still running"
+        received = b""
+        stalled.settimeout(5)
+        while chunk := stalled.recv(1 << 16):
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 200"), received[:200]
+        assert b"data: [DONE]" not in received and len(received) > 4096
+        r = httpx.post(server.v1 + "/completions", json={"prompt": "a", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200, r.text
     finally:
         stalled.close()
         server.stop()
@@ -348,3 +431,113 @@ def test_concurrent_arrivals_never_overshoot_the_admission_bound(overload):
     assert sorted(statuses) == [200] + [503] * 15, statuses
     h = overload.wait_idle()
     assert h["running"] == 0 and h["queued"] == 0, h
+
+
+# ── 3. Memory while 8 clients send maximum-size prompts ──────────────────────────────────
+
+
+def vm_hwm_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+PEAK_RSS_GROWTH_MIB = 320
+
+
+def test_peak_rss_stays_bounded_while_8_clients_send_maximum_size_prompts(gguf):
+    """8 clients at once, twice over: prompts at the 8 MiB body limit (refused by their byte
+    length before tokenizing) and prompts just inside the byte check (tokenized, then refused
+    as too long), over completions, chat, /tokenize and session create. The server's peak RSS
+    grows by less than PEAK_RSS_GROWTH_MIB (each body is held about once, and at most one
+    tokenizer job per core runs), every answer is a 4xx in its envelope, and it still serves."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    limit = 8 << 20
+    server = start_server("peak-rss", gguf, "--kv-memory", "64MiB", "--max-body-bytes", str(limit))
+    try:
+        words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
+        huge = (words * (limit // len(words)))[: limit - 512]
+        # Just inside the byte check (max_model_len × the longest token's bytes): tokenized.
+        err = envelope(httpx.post(server.v1 + "/completions", json={"prompt": huge, "max_tokens": 1},
+                                  timeout=120), 400)
+        assert err["code"] == "context_length_exceeded", err
+        m = re.search(r"than the (\d+) tokens .* longest token is (\d+) bytes", err["message"])
+        assert m, err["message"]
+        inside = huge[: int(m.group(1)) * int(m.group(2)) - 64]
+        baseline = vm_hwm_mib(server.proc.pid)
+
+        def send(i: int, text: str) -> httpx.Response:
+            route, body = [
+                ("/v1/completions", {"prompt": text, "max_tokens": 1}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 1}),
+                ("/tokenize", {"prompt": text}),
+                ("/v1/sessions", {"id": sid(), "prompt": text}),
+            ][i % 4]
+            return httpx.post(server.url + route, json=body, timeout=180)
+
+        for text in (huge, inside):
+            with ThreadPoolExecutor(8) as pool:
+                replies = list(pool.map(lambda i: send(i, text), range(8)))
+            for r in replies:
+                if r.request.url.path == "/tokenize" and r.status_code == 200:
+                    # Like vLLM's, /tokenize counts a text longer than the context.
+                    assert r.json()["count"] > r.json()["max_model_len"], r.text[:300]
+                    continue
+                assert 400 <= r.status_code < 500, (r.request.url.path, r.status_code, r.text[:300])
+                assert r.json()["error"]["message"], r.text[:300]
+            print(f"{len(text)} bytes x 8: peak +{vm_hwm_mib(server.proc.pid) - baseline:.0f} MiB")
+        growth = vm_hwm_mib(server.proc.pid) - baseline
+        print(f"peak RSS {baseline:.0f} MiB -> +{growth:.0f} MiB (bound {PEAK_RSS_GROWTH_MIB})")
+        assert growth < PEAK_RSS_GROWTH_MIB, f"peak RSS grew by {growth:.0f} MiB"
+        r = httpx.post(server.v1 + "/completions", json={"prompt": "a", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        server.stop()
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return sum(v for n, _, v in prom_samples(text) if n == name)
+
+
+def test_tokenizing_stops_for_clients_that_leave(gguf):
+    """8 clients each send a prompt that must be tokenized (just inside the byte check) and
+    hang up at once. At most one job per core (2 here) had started before the hang-ups were
+    seen; the others never run: a request dropped while it waits for the pool drops its job
+    (`vigil_cpu_jobs_abandoned_total` counts the ones that had reached the pool)."""
+    server = start_server("client-leaves", gguf, "--kv-memory", "64MiB")
+    try:
+        words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
+        err = envelope(httpx.post(server.v1 + "/completions",
+                                  json={"prompt": words * 100_000, "max_tokens": 1}, timeout=120), 400)
+        m = re.search(r"than the (\d+) tokens .* longest token is (\d+) bytes", err["message"])
+        assert m, err["message"]
+        text = (words * 100_000)[: int(m.group(1)) * int(m.group(2)) - 64]
+        run0 = metric(server, "vigil_cpu_jobs_run_total")
+        gone0 = metric(server, "vigil_cpu_jobs_abandoned_total")
+        body = json.dumps({"prompt": text, "max_tokens": 1}).encode()
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode())
+        socks = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(8)]
+        for s in socks:
+            s.sendall(head + body)
+        for s in socks:
+            s.close()
+        # Each job takes a fraction of a second: 8 of them run in ~2 s if nothing stops them.
+        seen, still = None, 0
+        while still < 10:
+            time.sleep(0.3)
+            now = (metric(server, "vigil_cpu_jobs_run_total") - run0,
+                   metric(server, "vigil_cpu_jobs_abandoned_total") - gone0)
+            still = still + 1 if now == seen else 0
+            seen = now
+        ran, gone = seen
+        print(f"jobs run {ran:.0f}, abandoned {gone:.0f}, of 8 requests whose clients left")
+        assert ran + gone <= 8 and ran <= 2, (ran, gone)
+        r = httpx.post(server.v1 + "/completions", json={"prompt": "a", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        server.stop()

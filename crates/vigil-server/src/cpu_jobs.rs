@@ -1,10 +1,14 @@
 //! CPU work on client data (tokenizing, template rendering) runs here, off the async workers
 //! and a few jobs at a time, so large or many prompts neither stall `/health` and the
 //! streams nor pile up memory: at most one job per core runs, the rest wait their turn. A
-//! text is refused before it is tokenized when its length alone shows it cannot fit.
+//! text is refused before it is tokenized when its length alone shows it cannot fit. A job
+//! whose client leaves before it starts never runs (dropping the request drops the wait, and
+//! a job handed to a thread first checks that someone still awaits it); one already running
+//! is bounded by the length check.
 
 use crate::error::ApiError;
 use crate::state::SharedState;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
@@ -32,21 +36,52 @@ impl CpuJobs {
     }
 }
 
-/// Run `f` on the blocking pool once a permit is free.
+/// Counts a job as abandoned unless it started: dropped with the request that waits for it.
+struct Waiting<'a> {
+    state: &'a SharedState,
+    started: Arc<AtomicBool>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if !self.started.load(Ordering::Acquire) {
+            (self.state.metrics.cpu_jobs_abandoned).fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Run `f` on the blocking pool once a permit is free; not at all if the caller is dropped
+/// (its client left) before a thread takes it up.
 pub async fn run<T: Send + 'static>(
     state: &SharedState,
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
+    let waiting = Waiting {
+        state,
+        started: Arc::new(AtomicBool::new(false)),
+    };
     let permit = (state.cpu_jobs.permits.clone().acquire_owned())
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    tokio::task::spawn_blocking(move || {
+    let awaited = Arc::new(());
+    let still_awaited = Arc::downgrade(&awaited);
+    let (started, metrics) = (waiting.started.clone(), state.clone());
+    let job = tokio::task::spawn_blocking(move || {
+        if still_awaited.strong_count() == 0 {
+            return None;
+        }
+        started.store(true, Ordering::Release);
+        (metrics.metrics.cpu_jobs_run).fetch_add(1, Ordering::Relaxed);
         let r = f();
         drop(permit);
-        r
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("a tokenizer job failed: {e}")))?
+        Some(r)
+    });
+    let r = job
+        .await
+        .map_err(|e| ApiError::internal(format!("a tokenizer job failed: {e}")))?;
+    drop(awaited);
+    drop(waiting);
+    r.unwrap_or_else(|| Err(ApiError::internal("the job's client left")))
 }
 
 /// Refuse `text` (400 `context_length_exceeded` naming `param`) when its bytes alone show that

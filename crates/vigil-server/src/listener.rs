@@ -1,6 +1,7 @@
 //! The accept loop: HTTP/1.1 connections with a header-read deadline (which also bounds the
-//! idle time between keep-alive requests), a cap on open connections, and graceful shutdown
-//! with a deadline.
+//! idle time between keep-alive requests), a write deadline (a client that stops reading is
+//! disconnected, which cancels its request), a cap on open connections, and graceful shutdown
+//! with a deadline at which every open stream gets a final frame.
 //!
 //! Past the cap a connection is not given to the router: it gets one short answer on a small
 //! budget (`/health` still answers, anything else is a 503 with `Retry-After`) and is closed,
@@ -24,6 +25,12 @@ pub struct ConnLimits {
     /// Time to send a complete request head, on a new connection and between keep-alive
     /// requests alike; then the connection is closed.
     pub idle_timeout: Duration,
+    /// How long a write may wait for a client that does not read; then the connection is
+    /// closed (and its generation cancelled).
+    pub write_timeout: Duration,
+    /// `SO_SNDBUF` for each connection (`None`: the kernel's, autotuned): what a client that
+    /// stops reading can hold in kernel memory before `write_timeout` starts counting.
+    pub send_buffer_bytes: Option<usize>,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
     pub shutdown_timeout: Duration,
 }
@@ -32,6 +39,8 @@ pub struct ConnLimits {
 const OVERFLOW_ANSWERS: usize = 64;
 /// How long an over-cap connection may take to send its request line.
 const OVERFLOW_READ: Duration = Duration::from_millis(500);
+/// After the shutdown deadline, how long streams get to write their final frame.
+const FINAL_FRAME_GRACE: Duration = Duration::from_secs(1);
 
 /// What an over-cap connection asking for `/health` gets: status and JSON body.
 pub type HealthProbe = Arc<dyn Fn() -> (u16, String) + Send + Sync>;
@@ -53,7 +62,8 @@ pub fn default_max_connections() -> usize {
 }
 
 /// Serve `app` on `listener` until `shutdown` resolves, then stop accepting, let open requests
-/// finish for up to `limits.shutdown_timeout`, and return (`open` counts the connections).
+/// finish for up to `limits.shutdown_timeout`, call `end_streams` (each open stream writes its
+/// final frame and ends) and return (`open` counts the connections).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -61,6 +71,7 @@ pub async fn serve(
     open: Arc<AtomicU64>,
     health: HealthProbe,
     shutdown: impl Future<Output = ()>,
+    end_streams: impl FnOnce(),
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let overflow = Arc::new(Semaphore::new(OVERFLOW_ANSWERS));
@@ -80,12 +91,15 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        if let Some(n) = limits.send_buffer_bytes {
+            let _ = socket2::SockRef::from(&stream).set_send_buffer_size(n);
+        }
         match slots.clone().try_acquire_owned() {
             Ok(permit) => {
                 let (app, open, stop) = (app.clone(), open.clone(), stop_rx.clone());
                 tokio::spawn(async move {
                     open.fetch_add(1, Ordering::Relaxed);
-                    serve_connection(stream, app, limits.idle_timeout, stop).await;
+                    serve_connection(stream, app, limits, stop).await;
                     open.fetch_sub(1, Ordering::Relaxed);
                     drop(permit);
                 });
@@ -105,13 +119,29 @@ pub async fn serve(
     drop(listener);
     let _ = stop_tx.send(true);
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
-    match tokio::time::timeout(limits.shutdown_timeout, slots.acquire_many(all)).await {
-        Ok(_) => tracing::info!("every connection closed"),
-        Err(_) => tracing::warn!(
-            "shutdown deadline ({:?}) passed with {} connection(s) open; exiting",
-            limits.shutdown_timeout,
+    let drained = slots.acquire_many(all);
+    tokio::pin!(drained);
+    if tokio::time::timeout(limits.shutdown_timeout, &mut drained)
+        .await
+        .is_ok()
+    {
+        tracing::info!("every connection closed");
+        return Ok(());
+    }
+    tracing::warn!(
+        "shutdown deadline ({:?}) passed with {} connection(s) open; ending their streams",
+        limits.shutdown_timeout,
+        open.load(Ordering::Relaxed)
+    );
+    end_streams();
+    if tokio::time::timeout(FINAL_FRAME_GRACE, &mut drained)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "{} connection(s) still open (not reading); exiting",
             open.load(Ordering::Relaxed)
-        ),
+        );
     }
     Ok(())
 }
@@ -119,17 +149,22 @@ pub async fn serve(
 async fn serve_connection(
     stream: TcpStream,
     app: Router,
-    idle_timeout: Duration,
+    limits: ConnLimits,
     mut stop: watch::Receiver<bool>,
 ) {
     let service = TowerToHyperService::new(app);
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(idle_timeout)
+        .header_read_timeout(limits.idle_timeout)
         .keep_alive(true);
+    // A write that makes no progress for `write_timeout` fails the connection: hyper then
+    // drops the response body, and with it the generation feeding it. Reads are bounded by
+    // the header timer (heads) and by each route (bodies, WebSocket pings).
+    let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+    io.set_write_timeout(Some(limits.write_timeout));
     let conn = builder
-        .serve_connection(TokioIo::new(stream), service)
+        .serve_connection(TokioIo::new(Box::pin(io)), service)
         .with_upgrades();
     tokio::pin!(conn);
     let mut stopping = false;

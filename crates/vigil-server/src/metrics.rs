@@ -80,6 +80,10 @@ pub struct ServerMetrics {
     pub flash_skipped: AtomicU64,
     /// Flash evaluations that could not run (the query was parked until newer data).
     pub flash_errors: AtomicU64,
+    /// Tokenizer/template jobs run on the bounded pool.
+    pub cpu_jobs_run: AtomicU64,
+    /// Jobs never run because their client left while they waited for the pool.
+    pub cpu_jobs_abandoned: AtomicU64,
     pub session_pushed_entries: AtomicU64,
     pub session_ingested_entries: AtomicU64,
     pub session_dropped_entries: AtomicU64,
@@ -132,7 +136,7 @@ impl ServerMetrics {
         ] {
             let _ = writeln!(out, "vigil_requests_total{{status=\"{status}\"}} {v}");
         }
-        let counters: [(&str, &str, u64); 19] = [
+        let counters: [(&str, &str, u64); 21] = [
             (
                 "vigil_prompt_tokens_total",
                 "Prompt tokens of finished requests.",
@@ -198,6 +202,16 @@ impl ServerMetrics {
                 "vigil_flash_errors_total",
                 "Flash evaluations that could not run; the query waits for newer data.",
                 l(&self.flash_errors),
+            ),
+            (
+                "vigil_cpu_jobs_run_total",
+                "Tokenizer and template jobs run on the bounded pool.",
+                l(&self.cpu_jobs_run),
+            ),
+            (
+                "vigil_cpu_jobs_abandoned_total",
+                "Tokenizer and template jobs dropped unrun: their client left while they waited.",
+                l(&self.cpu_jobs_abandoned),
             ),
             (
                 "vigil_flash_lag_versions_total",

@@ -105,6 +105,7 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
     let listener = tokio::net::TcpListener::from_std(listener)?;
     tokio::spawn(crate::session::run_reaper(state.clone()));
     let closing = state.clone();
+    let streams = state.clone();
     let probe_state = state.clone();
     let health: crate::listener::HealthProbe = Arc::new(move || {
         let (status, body) = crate::routes::health_now(&probe_state);
@@ -128,6 +129,7 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
         state.metrics.connections.clone(),
         health,
         shutdown,
+        || streams.closing.close_all(),
     )
     .await?;
     if died {
@@ -245,6 +247,7 @@ fn build_state(
     let cpu_jobs = crate::cpu_jobs::CpuJobs::new(&tokenizer);
     Ok(Arc::new(AppState {
         cpu_jobs,
+        closing: crate::sse::Closing::default(),
         sessions,
         engine,
         tokenizer: Arc::new(tokenizer),

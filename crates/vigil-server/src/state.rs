@@ -48,6 +48,8 @@ pub struct AppState {
     pub token_texts: std::sync::OnceLock<vigil_engine::constraint::TokenTexts>,
     pub sessions: crate::session::SessionRegistry,
     pub cpu_jobs: crate::cpu_jobs::CpuJobs,
+    /// Ends every open stream at the shutdown deadline.
+    pub closing: crate::sse::Closing,
 }
 
 pub type SharedState = Arc<AppState>;

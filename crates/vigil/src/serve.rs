@@ -68,6 +68,15 @@ pub struct ServeArgs {
     /// keep-alive requests; then it is closed.
     #[arg(long, default_value_t = 30.0)]
     idle_timeout: f64,
+    /// Seconds a write may wait on a client that does not read (a stalled stream); then the
+    /// connection is closed and its generation cancelled.
+    #[arg(long, default_value_t = 30.0)]
+    write_timeout: f64,
+    /// Kernel send buffer per connection, in bytes (SO_SNDBUF; default: the kernel's,
+    /// autotuned up to net.ipv4.tcp_wmem). Bounds the memory a client that stops reading holds
+    /// before --write-timeout starts counting.
+    #[arg(long)]
+    send_buffer_bytes: Option<usize>,
     /// Seconds in-flight requests may take to finish after SIGTERM before the process exits.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -101,6 +110,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 .unwrap_or_else(vigil_server::listener::default_max_connections)
                 .max(1),
             idle_timeout: seconds("--idle-timeout", args.idle_timeout)?,
+            write_timeout: seconds("--write-timeout", args.write_timeout)?,
+            send_buffer_bytes: args.send_buffer_bytes,
             shutdown_timeout: seconds("--shutdown-timeout", args.shutdown_timeout)?,
         },
         max_pending_bytes_total: parse_size(&args.max_pending_bytes_total)

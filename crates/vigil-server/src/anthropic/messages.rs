@@ -256,6 +256,7 @@ fn stream(
     num_prompt: usize,
 ) -> Response {
     let (tx, events) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let response = sse::event_stream(events, &state.closing);
     tokio::spawn(async move {
         let send = |name: &str, mut payload: Value| -> bool {
             payload["type"] = json!(name);
@@ -380,5 +381,5 @@ fn stream(
             }
         }
     });
-    sse::event_stream(events)
+    response
 }

@@ -296,6 +296,7 @@ fn stream_response(
     created: u64,
 ) -> Response {
     let (tx, events) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let response = sse::data_stream(events, &state.closing);
     tokio::spawn(async move {
         let model = state.model_id.clone();
         let chunk = |delta: Value, finish: Value, logprobs: Value| {
@@ -384,5 +385,5 @@ fn stream_response(
             }
         }
     });
-    sse::data_stream(events)
+    response
 }

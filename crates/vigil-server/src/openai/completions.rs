@@ -178,6 +178,7 @@ fn stream(
     logprobs: bool,
 ) -> Response {
     let (tx, events) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let response = sse::data_stream(events, &state.closing);
     tokio::spawn(async move {
         let chunk = |text: &str, finish: Value, lp: Value| {
             let mut c = json!({
@@ -221,5 +222,5 @@ fn stream(
             }
         }
     });
-    sse::data_stream(events)
+    response
 }

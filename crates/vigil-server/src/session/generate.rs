@@ -147,7 +147,7 @@ async fn generate_inner(
             max_staleness: req.max_staleness,
         };
         if let Some(hit) = flash_answer(state, &session, wanted).await? {
-            return Ok(shortcut_response(&session, &gen_id, hit, stream));
+            return Ok(shortcut_response(state, &session, &gen_id, hit, stream));
         }
     } else if req.flash_id.is_some() && req.use_flash == Some(false) {
         return Err(ApiError::invalid(
@@ -157,7 +157,7 @@ async fn generate_inner(
     }
     if let (true, true, Some(cands)) = (shortcuts, session.settings.pre_decode, &req.fast_answer) {
         if let Some(hit) = speculative(state, &session, cands, req.gap_threshold.unwrap_or(2.0)) {
-            return Ok(shortcut_response(&session, &gen_id, hit, stream));
+            return Ok(shortcut_response(state, &session, &gen_id, hit, stream));
         }
     }
 
@@ -183,7 +183,7 @@ async fn generate_inner(
     let rx = generate::start(state, gp)?;
     let head = json!({"id": gen_id, "object": "session.generation", "session_id": session.id, "data_version": version});
     if stream {
-        Ok(stream_response(rx, head))
+        Ok(stream_response(state, rx, head))
     } else {
         collect_response(rx, head).await
     }
@@ -225,7 +225,11 @@ async fn collect_response(
     Err(ApiError::internal("the generation ended without a result"))
 }
 
-fn stream_response(mut rx: mpsc::UnboundedReceiver<GenEvent>, mut head: Value) -> Response {
+fn stream_response(
+    state: &SharedState,
+    mut rx: mpsc::UnboundedReceiver<GenEvent>,
+    mut head: Value,
+) -> Response {
     let (tx, out) = mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
         while let Some(ev) = rx.recv().await {
@@ -246,7 +250,7 @@ fn stream_response(mut rx: mpsc::UnboundedReceiver<GenEvent>, mut head: Value) -
         }
         let _ = tx.send("[DONE]".into());
     });
-    crate::sse::data_stream(out)
+    crate::sse::data_stream(out, &state.closing)
 }
 
 /// An answer served without generating.
@@ -256,7 +260,13 @@ struct Shortcut {
     extra: Value,
 }
 
-fn shortcut_response(session: &Session, gen_id: &str, hit: Shortcut, stream: bool) -> Response {
+fn shortcut_response(
+    state: &SharedState,
+    session: &Session,
+    gen_id: &str,
+    hit: Shortcut,
+    stream: bool,
+) -> Response {
     let mut body = json!({
         "id": gen_id,
         "object": "session.generation",
@@ -279,7 +289,7 @@ fn shortcut_response(session: &Session, gen_id: &str, hit: Shortcut, stream: boo
     body["done"] = json!(true);
     let _ = tx.send(body.to_string());
     let _ = tx.send("[DONE]".into());
-    crate::sse::data_stream(out)
+    crate::sse::data_stream(out, &state.closing)
 }
 
 struct FlashWanted<'a> {

@@ -221,9 +221,14 @@ impl SessionRegistry {
         let _ = state.engine.drop_pin(session.pin);
     }
 
-    /// End every session's event streams and workers (at shutdown).
+    /// End every session's event streams and workers (at shutdown): each stream's last event
+    /// is `shutdown`, saying why.
     pub fn close_streams(&self) {
         for s in self.map().values() {
+            s.events.publish(
+                "shutdown",
+                serde_json::json!({"message": "the server is shutting down; reconnect to a running server"}),
+            );
             s.mark_deleted();
         }
     }

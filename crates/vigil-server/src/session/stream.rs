@@ -144,7 +144,7 @@ impl SseFeed {
         let frame = match next {
             Err(_) => ": heartbeat\n\n".to_string(),
             Ok(Ok(ev)) => {
-                self.done = ev.kind == "deleted";
+                self.done = matches!(ev.kind, "deleted" | "shutdown");
                 sse_frame(Some(ev.id), ev.kind, &ev.data)
             }
             Ok(Err(RecvError::Lagged(n))) => {
