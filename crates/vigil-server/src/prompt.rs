@@ -36,27 +36,34 @@ pub async fn render_chat_opening(
     let template = state.template.clone().ok_or_else(|| {
         ApiError::bad_request("this model has no chat template; use /v1/completions")
     })?;
-    let mut text = template
-        .render(
-            spec.messages,
-            spec.tools,
-            add_generation_prompt,
-            &spec.kwargs,
-        )
-        .map_err(|e| {
-            ApiError::invalid(
-                "messages",
-                format!("the chat template refused the conversation: {e}"),
-            )
-        })?;
-    let starts_in_thinking = text.trim_end().ends_with("<think>");
-    if let (Some(fc), Some(format)) = (&spec.forced, state.tool_format) {
-        text.push_str(&vigil_model::tool_parser::forced_call_prefix(
+    let forced_prefix = match (&spec.forced, state.tool_format) {
+        (Some(fc), Some(format)) => Some(vigil_model::tool_parser::forced_call_prefix(
             format,
             fc.name.as_deref(),
-        ));
-    }
-    let ids = crate::cpu_jobs::encode(state, text, false, "messages").await?;
+        )),
+        _ => None,
+    };
+    let (messages, tools, kwargs) = (spec.messages.clone(), spec.tools.cloned(), spec.kwargs);
+    let job_state = state.clone();
+    let (ids, starts_in_thinking) = crate::cpu_jobs::run(state, move || {
+        let mut text = template
+            .render(&messages, tools.as_ref(), add_generation_prompt, &kwargs)
+            .map_err(|e| {
+                ApiError::invalid(
+                    "messages",
+                    format!("the chat template refused the conversation: {e}"),
+                )
+            })?;
+        let starts_in_thinking = text.trim_end().ends_with("<think>");
+        text.push_str(forced_prefix.as_deref().unwrap_or(""));
+        // Rendering is cheap next to tokenizing: a text too long by its bytes alone stops here.
+        crate::cpu_jobs::check_length(&job_state, text.len(), "messages")?;
+        let ids = (job_state.tokenizer)
+            .encode(&text, false)
+            .map_err(|e| ApiError::invalid("messages", format!("could not tokenize: {e}")))?;
+        Ok((ids, starts_in_thinking))
+    })
+    .await?;
     Ok(ChatPrompt {
         ids,
         starts_in_thinking: starts_in_thinking && spec.forced.is_none(),

@@ -8,12 +8,11 @@
 //! same rendering and sampling a cold `generate` with temperature 0 uses), so a round submitted
 //! after batch k runs before batch k+1, and foreground requests still come first.
 
-use super::layout;
 use super::state::Session;
 use crate::error::ApiError;
 use crate::generate::{self, GenParams};
 use crate::state::SharedState;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -160,16 +159,7 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
         let st = session.lock();
         (st.mirror(), st.data_version, st.layout)
     };
-    let prompt_text = session.settings.prompt.as_deref();
-    let wrap = match layout::question(state, layout, prompt_text, &Map::new()) {
-        Ok(w) => w,
-        Err(e) => {
-            for d in &due {
-                park(state, session, d.id, version, &e);
-            }
-            return;
-        }
-    };
+    let wrap = session.settings.wraps.at(layout);
     let started = Instant::now();
     let mut waits = Vec::new();
     for d in due {

@@ -134,8 +134,24 @@ async fn generate_inner(
         req.reasoning_effort.as_deref(),
         "chat_template_kwargs",
     )?;
-    let opening = session.settings.prompt.as_deref();
-    let shortcuts = layout::default_generation_prompt(state, opening, &kwargs);
+    // Thinking settings change the generation prompt (and so rule out cached answers): render
+    // the session's layout with them on the pool; the default one was built at creation.
+    let custom_wrap = if kwargs.is_empty() {
+        None
+    } else {
+        let (st, s, kw) = (state.clone(), session.clone(), kwargs.clone());
+        Some(
+            crate::cpu_jobs::run(state, move || {
+                let opening = s.settings.prompt.as_deref();
+                let shortcuts = layout::default_generation_prompt(&st, opening, &kw);
+                let data = layout::question(&st, super::state::Layout::Data, opening, &kw)?;
+                let chat = layout::question(&st, super::state::Layout::Chat, opening, &kw)?;
+                Ok((shortcuts, layout::Wraps { data, chat }))
+            })
+            .await?,
+        )
+    };
+    let shortcuts = custom_wrap.as_ref().is_none_or(|c| c.0);
     let stream = req.stream.unwrap_or(false);
     let gen_id = crate::ids::new_id("gen-");
 
@@ -165,7 +181,10 @@ async fn generate_inner(
         let st = session.lock();
         (st.mirror(), st.data_version, st.layout)
     };
-    let wrap = layout::question(state, layout_now, opening, &kwargs)?;
+    let wraps = custom_wrap
+        .as_ref()
+        .map_or(&session.settings.wraps, |c| &c.1);
+    let wrap = wraps.at(layout_now);
     let text = format!("{}{}{}", wrap.before, question, wrap.after);
     let q_tokens = crate::cpu_jobs::encode(state, text, false, "prompt").await?;
     let mut prompt = mirror;

@@ -252,9 +252,8 @@ async fn ingest_batch(state: &SharedState, session: &Arc<Session>, batch: Batch)
     let durable_len = prompt.len();
     if session.settings.pre_decode {
         // Compute the ready position too: the generation prompt after the data.
-        if let Ok(q) = layout::question(state, Layout::Data, None, &Default::default()) {
-            prompt.extend(state.tokenizer.encode(&q.after, false).unwrap_or_default());
-        }
+        let after = &session.settings.wraps.data.after;
+        prompt.extend(state.tokenizer.encode(after, false).unwrap_or_default());
     }
     let (tx, rx) = oneshot::channel();
     let mut params = GenParams::new(prompt, greedy(2), Some(1));

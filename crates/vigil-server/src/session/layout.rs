@@ -1,17 +1,18 @@
 //! How session text is laid out in the chat template (see docs/sessions.md): the opening (the
 //! template up to an open user turn, with the session `prompt` as the system message), the
 //! data entries inside that turn, and a question completing the turn followed by the
-//! generation prompt. The pieces are cut out of real template renders around a marker, so
-//! every template (ChatML, Llama 3, ...) lays a session out the way it lays out a chat.
+//! generation prompt. The pieces come from real template renders, so every template (ChatML,
+//! Llama 3, ...) lays a session out the way it lays out a chat: two renders that differ only in
+//! the user message's one-character content share exactly the text before and after it. No
+//! marker is searched for, so nothing a client writes can move the cut.
 
 use super::state::Layout;
 use crate::error::ApiError;
 use crate::state::AppState;
 use serde_json::{json, Map, Value};
 
-const MARK: &str = "\u{1}VIGIL-SESSION-MARK\u{1}";
-
 /// The text a question is wrapped in.
+#[derive(Debug, Clone, Default)]
 pub struct QuestionText {
     pub before: String,
     pub after: String,
@@ -40,7 +41,8 @@ fn messages(system: Option<&str>, user: &str) -> Value {
     Value::Array(m)
 }
 
-/// The opening and the turn's closing (generation prompt included), cut around the marker.
+/// The opening and the turn's closing (generation prompt included): the common prefix and
+/// suffix of two renders whose user contents are two different single characters.
 fn split_turn(
     state: &AppState,
     system: Option<&str>,
@@ -50,23 +52,33 @@ fn split_turn(
         let head = system.map(|s| format!("{s}\n")).unwrap_or_default();
         return Ok((head, "\n".into()));
     }
-    // The marker must not occur in the client's own text, or the cut would land inside it.
-    let mut mark = MARK.to_string();
-    let taken = |m: &str| system.is_some_and(|s| s.contains(m)) || kwargs_contain(kwargs, m);
-    while taken(&mark) {
-        mark.push('\u{1}');
+    let a = render(state, messages(system, "A"), true, kwargs)?;
+    let b = render(state, messages(system, "B"), true, kwargs)?;
+    let head = common_prefix(&a, &b);
+    let tail = common_suffix(&a[head..], &b[head..]);
+    // Each render holds its content between the two: exactly one character, or the template
+    // does not place the user message verbatim.
+    if a.len() != head + 1 + tail || b.len() != head + 1 + tail {
+        return Err(ApiError::internal(
+            "the chat template does not place the user message verbatim",
+        ));
     }
-    let text = render(state, messages(system, &mark), true, kwargs)?;
-    match text.split_once(mark.as_str()) {
-        Some((head, tail)) => Ok((head.to_string(), tail.to_string())),
-        None => Err(ApiError::internal(
-            "the chat template drops the user message",
-        )),
-    }
+    Ok((a[..head].to_string(), a[a.len() - tail..].to_string()))
 }
 
-fn kwargs_contain(kwargs: &Map<String, Value>, needle: &str) -> bool {
-    kwargs.values().any(|v| v.to_string().contains(needle))
+/// Bytes `a` and `b` share at their start, ending on a character boundary.
+fn common_prefix(a: &str, b: &str) -> usize {
+    (a.char_indices().zip(b.chars()))
+        .find(|((_, x), y)| x != y)
+        .map_or(a.len().min(b.len()), |((i, _), _)| i)
+}
+
+/// Bytes `a` and `b` share at their end, starting on a character boundary.
+fn common_suffix(a: &str, b: &str) -> usize {
+    (a.chars().rev().zip(b.chars().rev()))
+        .take_while(|(x, y)| x == y)
+        .map(|(x, _)| x.len_utf8())
+        .sum()
 }
 
 /// The opening of a session: everything before its first data entry.
@@ -114,6 +126,32 @@ pub fn question(
         before: data_prefix(state, layout)?,
         after,
     })
+}
+
+/// A session's question wrappings with the default template settings, one per layout: built
+/// once when the session is created (on the tokenizer pool), so answering a question renders
+/// nothing.
+#[derive(Debug, Clone, Default)]
+pub struct Wraps {
+    pub data: QuestionText,
+    pub chat: QuestionText,
+}
+
+impl Wraps {
+    pub fn build(state: &AppState, prompt: Option<&str>) -> Result<Wraps, ApiError> {
+        let none = Map::new();
+        Ok(Wraps {
+            data: question(state, Layout::Data, prompt, &none)?,
+            chat: question(state, Layout::Chat, prompt, &none)?,
+        })
+    }
+
+    pub fn at(&self, layout: Layout) -> &QuestionText {
+        match layout {
+            Layout::Data => &self.data,
+            Layout::Chat => &self.chat,
+        }
+    }
 }
 
 /// Whether `kwargs` leave the generation prompt as it is by default (shortcuts allowed).

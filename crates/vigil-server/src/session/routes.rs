@@ -71,11 +71,13 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
     // Rendering and tokenizing a client's `prompt` is CPU work: off the async workers.
     let (st, prompt) = (state.clone(), req.prompt.clone());
     crate::cpu_jobs::check_length(state, prompt.as_deref().map_or(0, str::len), "prompt")?;
-    let opening = crate::cpu_jobs::run(state, move || {
+    let (opening, wraps) = crate::cpu_jobs::run(state, move || {
         let text = layout::opening(&st, prompt.as_deref())?;
-        st.tokenizer
-            .encode(&text, false)
-            .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))
+        let wraps = layout::Wraps::build(&st, prompt.as_deref())?;
+        let opening = (st.tokenizer.encode(&text, false)).map_err(|e| {
+            ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}"))
+        })?;
+        Ok((opening, wraps))
     })
     .await?;
     let room = state
@@ -127,6 +129,7 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
             DEFAULT_MAX_PENDING_BYTES,
             state.sessions.max_queued_bytes,
         )?,
+        wraps,
     };
     let s = state.sessions.create(state, req.id, settings, opening)?;
     let last = s.lock().last_used_unix;
@@ -289,12 +292,7 @@ async fn flash_fits(
     session: &Session,
     query: &str,
 ) -> Result<usize, ApiError> {
-    let wrap = layout::question(
-        state,
-        super::state::Layout::Data,
-        session.settings.prompt.as_deref(),
-        &Default::default(),
-    )?;
+    let wrap = session.settings.wraps.data.clone();
     let (tokenizer, query) = (state.tokenizer.clone(), query.to_string());
     crate::cpu_jobs::check_length(state, query.len(), "query")?;
     let (own, wrapped) = crate::cpu_jobs::run(state, move || {

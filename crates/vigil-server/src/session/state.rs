@@ -36,6 +36,8 @@ pub struct SessionSettings {
     pub overflow: Overflow,
     pub max_pending: usize,
     pub max_pending_bytes: usize,
+    /// How a question is wrapped at each layout (default template settings).
+    pub wraps: super::layout::Wraps,
 }
 
 /// Where the durable context ends, which decides how a question is appended. A new session

@@ -344,6 +344,7 @@ mod tests {
             overflow: Overflow::DropOldest,
             max_pending: 16,
             max_pending_bytes: 1 << 20,
+            wraps: Default::default(),
         };
         Arc::new(Session::new("s".into(), 1, settings, vec![1, 2, 3]))
     }
