@@ -522,6 +522,38 @@ def test_busy_turn_conflicts(client, smol, janitor):
 # ── Flash queries ──────────────────────────────────────────────────────────────────────────
 
 
+def flash_counters(server) -> dict:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    names = ("vigil_flash_drafts_total", "vigil_flash_verified_total", "vigil_flash_draft_tokens_total")
+    return {n: v for n, _, v in prom_samples(text) if n in names}
+
+
+def test_reevaluations_verify_the_previous_answer_and_still_equal_a_cold_generate(client, smol, janitor):
+    """After the first answer, each evaluation first scores the previous answer as a draft in
+    one pass (`vigil_flash_drafts_total`), keeps what the model still picks and decodes only
+    past it. The answer must be exactly a cold greedy generate's at the same version, whatever
+    part of the draft held."""
+    s = create(client, smol, janitor, prompt=SYSTEM_P)
+    f = client.sessions.flash(s.id, Q_TEMP, max_tokens=10)
+    client.sessions.push(s.id, WEATHER[:3], wait=True)
+    wait_flash_fresh(smol, s.id)
+    before = flash_counters(smol)
+    for n in (4, 5, 6):
+        client.sessions.push(s.id, WEATHER[n - 1:n], wait=True)
+        settle_session(smol, s.id)
+        wait_flash_fresh(smol, s.id)
+        q = next(x for x in client.sessions.list_flash(s.id).data if x.id == f.id)
+        cold = client.sessions.generate(s.id, prompt=Q_TEMP, max_tokens=10, temperature=0, use_flash=False)
+        assert cold.data_version == q.data_version
+        assert cold.text == q.value, f"after {n} entries: flash {q.value!r} vs cold {cold.text!r}"
+    after = flash_counters(smol)
+    drafts = after["vigil_flash_drafts_total"] - before["vigil_flash_drafts_total"]
+    assert drafts >= 3, (before, after)
+    print("draft tokens kept:", after["vigil_flash_draft_tokens_total"] - before["vigil_flash_draft_tokens_total"],
+          "verified in one pass:", after["vigil_flash_verified_total"] - before["vigil_flash_verified_total"])
+
+
+
 def test_flash_answer_equals_cold_generate(client, smol, janitor):
     s = create(client, smol, janitor, prompt=SYSTEM_P)
     f = client.sessions.flash(s.id, Q_TEMP, max_tokens=10)

@@ -2,7 +2,7 @@
 //! sequences, the block pool, the scheduler and the model runner as plain data.
 
 use crate::block_table::{OutOfBlocks, SharedBlockPool};
-use crate::model_runner::ModelRunner;
+use crate::model_runner::{ModelRunner, RowUse};
 use crate::pins::{PinSave, PinStore, PinUse};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -206,13 +206,17 @@ impl LlmEngine {
         let step = self.runner.run(sampling);
         let vocab = step.vocab_size;
         let mut outputs = Vec::with_capacity(step.seq_ids.len());
-        for (row, &id) in step.seq_ids.iter().enumerate() {
+        for (row, &(id, row_use)) in step.seq_ids.iter().enumerate() {
             let Some(seq) = self.seqs.get_mut(&id) else {
                 continue;
             };
             self.logits_row.clear();
             self.logits_row
                 .extend_from_slice(&step.logits[row * vocab..(row + 1) * vocab]);
+            if row_use == RowUse::ScorePrompt {
+                seq.score_prompt_row(&mut self.logits_row);
+                continue;
+            }
             let out = seq.sample_and_append(&mut self.logits_row);
             let finished = seq.check_stop();
             if let Some(reason) = finished {

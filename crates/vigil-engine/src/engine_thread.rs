@@ -56,6 +56,8 @@ pub enum RequestEvent {
         num_prompt_tokens: usize,
         num_cached_tokens: usize,
         num_output_tokens: usize,
+        /// With `score_prompt_from`: the pick after each scored prompt row (token, top).
+        prompt_scores: Vec<(u32, Vec<(u32, f32)>)>,
     },
     /// The engine could not run the request (an internal fault, reported not panicked).
     Failed(String),
@@ -64,7 +66,7 @@ pub enum RequestEvent {
 enum Command {
     Submit {
         request_id: u64,
-        request: GenerateRequest,
+        request: Box<GenerateRequest>,
         events: tokio_mpsc::UnboundedSender<RequestEvent>,
     },
     Abort {
@@ -220,7 +222,7 @@ impl EngineHandle {
         self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
         let sent = self.commands.send(Command::Submit {
             request_id,
-            request,
+            request: Box::new(request),
             events: events_tx,
         });
         if sent.is_err() {
@@ -455,6 +457,9 @@ impl EngineLoop {
                         num_prompt_tokens: seq.num_prompt_tokens,
                         num_cached_tokens: seq.num_cached_tokens,
                         num_output_tokens: seq.num_output_tokens(),
+                        prompt_scores: (seq.prompt_scores.into_iter())
+                            .map(|s| (s.token, s.top_logprobs))
+                            .collect(),
                     });
                 }
                 self.by_seq.remove(&out.seq_id);

@@ -16,9 +16,16 @@ pub struct ModelRunner {
     input: StepInput,
 }
 
+/// What a logits row is for: the sequence's next token, or scoring one of its prompt rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowUse {
+    Next,
+    ScorePrompt,
+}
+
 /// The sequences that sample this step, in the order of their logits rows.
 pub struct StepLogits<'a> {
-    pub seq_ids: Vec<SeqId>,
+    pub seq_ids: Vec<(SeqId, RowUse)>,
     pub logits: &'a [f32],
     pub vocab_size: usize,
 }
@@ -37,7 +44,7 @@ impl ModelRunner {
         &mut self,
         plan: &StepPlan,
         seqs: &mut HashMap<SeqId, Sequence>,
-    ) -> Result<Vec<SeqId>, OutOfBlocks> {
+    ) -> Result<Vec<(SeqId, RowUse)>, OutOfBlocks> {
         let inp = &mut self.input;
         inp.token_ids.clear();
         inp.positions.clear();
@@ -69,6 +76,21 @@ impl ModelRunner {
                 inp.positions.push(pos as u32);
                 inp.slot_mapping.push(table.slot(pos).unwrap_or(0) as u32);
             }
+            if seq.params.score_prompt_from.is_some() {
+                let first = inp.token_ids.len() - s.num_tokens;
+                let scored = seq.prompt_scores.len();
+                let mut pending = 0;
+                for pos in start..end {
+                    let from = seq.params.score_prompt_from.unwrap_or(usize::MAX);
+                    if pos + 1 < num_tokens.min(seq.num_prompt_tokens)
+                        && pos == from + scored + pending
+                    {
+                        inp.sample_rows.push(first + (pos - start));
+                        sampling.push((seq.id, RowUse::ScorePrompt));
+                        pending += 1;
+                    }
+                }
+            }
             inp.seqs.push(SeqInput {
                 query_len: s.num_tokens,
                 context_len: end,
@@ -77,7 +99,7 @@ impl ModelRunner {
             seq.num_computed_tokens = end;
             if end == num_tokens {
                 inp.sample_rows.push(inp.token_ids.len() - 1);
-                sampling.push(seq.id);
+                sampling.push((seq.id, RowUse::Next));
             }
             // Blocks whose tokens all have KV now become reusable prefixes.
             table.commit_full_blocks(&seq.token_ids[..end]);
@@ -85,7 +107,7 @@ impl ModelRunner {
         Ok(sampling)
     }
 
-    pub fn run(&mut self, sampling: Vec<SeqId>) -> StepLogits<'_> {
+    pub fn run(&mut self, sampling: Vec<(SeqId, RowUse)>) -> StepLogits<'_> {
         debug_assert!(self
             .input
             .validate(self.kv.block_size, self.kv.num_blocks)

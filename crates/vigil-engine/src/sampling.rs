@@ -48,6 +48,13 @@ pub struct SamplingParams {
     pub logprobs: Option<u32>,
     /// Stop tokens are banned until this many tokens have been generated (vLLM's `min_tokens`).
     pub min_tokens: u32,
+    /// Score the prompt from this position on: for every prompt position `p` from here to the
+    /// one before the last, what the sampler would pick after `p` (with its top `logprobs`),
+    /// as `Sequence::prompt_scores`. A drafted continuation appended to the prompt is verified
+    /// this way in one pass: greedy, the logits of a prompt row are the bits a decode step at
+    /// that position would see. Rows served by the prefix cache are not computed, so not
+    /// scored: a caller checks that it got every row it asked for.
+    pub score_prompt_from: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -64,6 +71,7 @@ impl Default for SamplingParams {
             seed: None,
             logprobs: None,
             min_tokens: 0,
+            score_prompt_from: None,
         }
     }
 }

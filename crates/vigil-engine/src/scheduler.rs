@@ -43,6 +43,10 @@ pub struct SchedulerConfig {
     /// Seats beyond `max_seqs` that only sequences below `Foreground` (session ingest, flash
     /// evaluations, warm) may take.
     pub session_seats: usize,
+    /// Most tokens the classes below `Flash` (ingest, warm) compute in one step, whatever
+    /// else runs: a step cannot be interrupted, so a flash evaluation or a client request that
+    /// arrives during a window recompute waits at most one such chunk.
+    pub session_chunk_tokens: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -55,6 +59,7 @@ impl Default for SchedulerConfig {
             promote_after_steps: 256,
             max_lower_tokens_with_foreground: 64,
             session_seats: 2,
+            session_chunk_tokens: 128,
         }
     }
 }
@@ -175,8 +180,16 @@ impl Scheduler {
         };
         for class in Priority::DESCENDING {
             if class < Priority::Foreground && !st.plan.seqs.is_empty() {
-                // Everything planned so far is Foreground (the classes run highest first).
+                // Something of a higher class is planned (the classes run highest first).
                 st.budget = st.budget.min(self.config.max_lower_tokens_with_foreground);
+            }
+            if class < Priority::Flash {
+                st.budget = st.budget.min(self.config.session_chunk_tokens);
+            }
+            let flash = |s: &ScheduledSeq| self::class(seqs, s.seq_id) == Priority::Flash;
+            if class < Priority::Flash && st.plan.seqs.iter().any(flash) {
+                // A flash evaluation runs without the data plane's prefill beside it.
+                st.budget = 0;
             }
             self.schedule_running(class, &mut st, seqs, pool);
             self.admit_waiting(class, &mut st, seqs, pool);

@@ -16,8 +16,12 @@ pub type SeqId = u64;
 pub enum Priority {
     /// Warm turns: useful, but nobody is waiting on them.
     Background,
-    /// The data plane: session data being ingested and the flash evaluations that follow it.
+    /// The data plane: session data being ingested.
     Ingest,
+    /// Flash evaluations: short (one pass over a verified draft, or a few decode steps) and
+    /// each one due after an ingested batch. While one runs, the classes below wait, so an
+    /// evaluation goes before the next batch's prefill instead of decoding beside it.
+    Flash,
     /// A client request.
     #[default]
     Foreground,
@@ -25,8 +29,12 @@ pub enum Priority {
 
 impl Priority {
     /// Every class, highest first: the order the scheduler serves them in.
-    pub const DESCENDING: [Priority; 3] =
-        [Priority::Foreground, Priority::Ingest, Priority::Background];
+    pub const DESCENDING: [Priority; 4] = [
+        Priority::Foreground,
+        Priority::Flash,
+        Priority::Ingest,
+        Priority::Background,
+    ];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +87,9 @@ pub struct Sequence {
     pub constraint_dead_end: bool,
     /// The session pin this sequence was forked from and may save to (see `pins.rs`).
     pub pin: Option<PinUse>,
+    /// With `params.score_prompt_from`: the sampler's pick after each scored prompt row, in
+    /// position order from that position.
+    pub prompt_scores: Vec<SampleOutput>,
 }
 
 impl Sequence {
@@ -101,6 +112,7 @@ impl Sequence {
             constraint: None,
             constraint_dead_end: false,
             pin: None,
+            prompt_scores: Vec::new(),
         }
     }
 
@@ -150,6 +162,13 @@ impl Sequence {
             c.advance(out.token);
         }
         out
+    }
+
+    /// Score one prompt row's logits (what the sampler would pick there) without appending.
+    pub fn score_prompt_row(&mut self, logits: &mut [f32]) {
+        let prompt = &self.token_ids[..self.num_prompt_tokens];
+        let out = self.sampler.sample(logits, &self.params, prompt, &[]);
+        self.prompt_scores.push(out);
     }
 
     /// Whether the last appended token ends the sequence, and why.

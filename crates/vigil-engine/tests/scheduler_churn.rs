@@ -109,6 +109,7 @@ fn priority_churn_keeps_invariants() {
         promote_after_steps: 40,
         max_lower_tokens_with_foreground: usize::MAX,
         session_seats: 0,
+        session_chunk_tokens: usize::MAX,
     };
     let mut e = engine(32, config);
     let mut rng = Lcg(11);
@@ -241,6 +242,7 @@ fn background_arrivals_never_delay_foreground_tokens() {
         promote_after_steps: 1_000_000,
         max_lower_tokens_with_foreground: usize::MAX,
         session_seats: 0,
+        session_chunk_tokens: usize::MAX,
     };
     let mut e = engine(24, config);
     let mut rng = Lcg(5);
@@ -314,6 +316,7 @@ fn low_finish_step(
         promote_after_steps,
         max_lower_tokens_with_foreground: usize::MAX,
         session_seats,
+        session_chunk_tokens: usize::MAX,
     };
     let mut e = engine(32, config);
     let mut rng = Lcg(3);
@@ -365,6 +368,59 @@ fn session_seats_admit_ingest_at_once_under_saturating_foreground_load() {
     }
 }
 
+#[test]
+fn a_flash_evaluation_runs_alone_before_the_ingest_prefill_goes_on() {
+    // A 200-token ingest prefill is under way in 32-token chunks when a flash evaluation
+    // arrives: from the next step on the evaluation runs and the ingest prefill waits (no
+    // tokens of it beside the evaluation), then resumes and finishes.
+    let config = SchedulerConfig {
+        max_batched_tokens: 32,
+        max_seqs: 4,
+        watermark: 0.0,
+        enable_prefix_cache: true,
+        promote_after_steps: u64::MAX,
+        max_lower_tokens_with_foreground: usize::MAX,
+        session_seats: 2,
+        session_chunk_tokens: usize::MAX,
+    };
+    let mut e = engine(64, config);
+    let mut rng = Lcg(5);
+    let ingest = add(&mut e, rng.tokens(200), 1, Priority::Ingest);
+    e.step().unwrap();
+    let started = e.seqs[&ingest].num_computed_tokens;
+    assert!(started > 0 && started < 200);
+    let flash = add(&mut e, rng.tokens(10), 4, Priority::Flash);
+    let mut flash_steps = 0;
+    loop {
+        let outs = e.step().unwrap();
+        e.check_invariants().unwrap();
+        flash_steps += 1;
+        assert_eq!(
+            e.seqs[&ingest].num_computed_tokens, started,
+            "ingest ran beside flash"
+        );
+        if outs
+            .iter()
+            .any(|o| o.seq_id == flash && o.finished.is_some())
+        {
+            e.take_finished(flash).unwrap();
+            break;
+        }
+        assert!(flash_steps < 20, "the flash evaluation never finished");
+    }
+    assert_eq!(
+        flash_steps, 4,
+        "one prefill step with its first token, then 3 decode steps"
+    );
+    for _ in 0..20 {
+        e.step().unwrap();
+        if e.take_finished(ingest).is_some() {
+            return;
+        }
+    }
+    panic!("the ingest prefill never resumed");
+}
+
 /// What `ModelRunner::prepare` does to the tables, without a model: reserve slots, mark the
 /// tokens computed, commit the full blocks; a sequence that caught up gets a new token.
 fn run_plan(plan: &StepPlan, seqs: &mut HashMap<SeqId, Sequence>) {
@@ -394,6 +450,7 @@ fn preempted_sequence_readmits_from_its_committed_blocks() {
         promote_after_steps: 1000,
         max_lower_tokens_with_foreground: usize::MAX,
         session_seats: 0,
+        session_chunk_tokens: usize::MAX,
     };
     let mut sched = Scheduler::new(config);
     let pool = SharedBlockPool::new(8, BLOCK);

@@ -26,6 +26,9 @@ pub struct Finished {
     pub output_ids: Vec<u32>,
     /// The first generated token's top alternatives (when `top_logprobs` asked for them).
     pub first_top: Vec<(u32, f32)>,
+    /// With `score_prompt_from`: the greedy pick (and top alternatives) after each scored
+    /// prompt row.
+    pub prompt_scores: Vec<(u32, Vec<(u32, f32)>)>,
 }
 
 /// Called once when a request ends: `Some` when it finished, `None` when it was cancelled or
@@ -322,6 +325,7 @@ async fn drive(
                         by_stop_string: true,
                         output_ids,
                         first_top,
+                        prompt_scores: Vec::new(),
                     };
                     return (Outcome::Ok, Some(finished), Some(done));
                 }
@@ -341,6 +345,7 @@ async fn drive(
                 num_prompt_tokens,
                 num_cached_tokens,
                 num_output_tokens,
+                prompt_scores,
             } => {
                 let tail = detok.flush();
                 let text = stops.finish(&tail);
@@ -369,6 +374,7 @@ async fn drive(
                     by_stop_string: false,
                     output_ids,
                     first_top,
+                    prompt_scores,
                 };
                 return (Outcome::Ok, Some(finished), Some(done));
             }

@@ -80,6 +80,12 @@ pub struct ServerMetrics {
     pub flash_skipped: AtomicU64,
     /// Flash evaluations that could not run (the query was parked until newer data).
     pub flash_errors: AtomicU64,
+    /// Flash evaluations that verified the previous answer as a draft (every row scored).
+    pub flash_drafts: AtomicU64,
+    /// Flash evaluations settled by verifying the previous answer in one pass.
+    pub flash_verified: AtomicU64,
+    /// Draft tokens (from previous answers) the model confirmed.
+    pub flash_draft_tokens: AtomicU64,
     /// Tokenizer/template jobs run on the bounded pool.
     pub cpu_jobs_run: AtomicU64,
     /// Jobs never run because their client left while they waited for the pool.
@@ -136,7 +142,7 @@ impl ServerMetrics {
         ] {
             let _ = writeln!(out, "vigil_requests_total{{status=\"{status}\"}} {v}");
         }
-        let counters: [(&str, &str, u64); 21] = [
+        let counters: [(&str, &str, u64); 24] = [
             (
                 "vigil_prompt_tokens_total",
                 "Prompt tokens of finished requests.",
@@ -202,6 +208,21 @@ impl ServerMetrics {
                 "vigil_flash_errors_total",
                 "Flash evaluations that could not run; the query waits for newer data.",
                 l(&self.flash_errors),
+            ),
+            (
+                "vigil_flash_drafts_total",
+                "Flash evaluations that verified the previous answer as a draft.",
+                l(&self.flash_drafts),
+            ),
+            (
+                "vigil_flash_verified_total",
+                "Flash evaluations settled by verifying the previous answer in one pass.",
+                l(&self.flash_verified),
+            ),
+            (
+                "vigil_flash_draft_tokens_total",
+                "Tokens of previous flash answers the model confirmed as drafts.",
+                l(&self.flash_draft_tokens),
             ),
             (
                 "vigil_cpu_jobs_run_total",

@@ -31,6 +31,8 @@ pub struct EngineOptions {
     /// Tokens of a step that session work (ingest, flash, warm) may take while client requests
     /// run in it.
     pub session_step_tokens: usize,
+    /// Most tokens session work (ingest, warm) computes in one step.
+    pub session_chunk_tokens: usize,
     pub enable_prefix_cache: bool,
 }
 
@@ -233,6 +235,7 @@ fn build_state(
     let scheduler = SchedulerConfig {
         max_batched_tokens: opts.max_batched_tokens,
         max_lower_tokens_with_foreground: opts.session_step_tokens,
+        session_chunk_tokens: opts.session_chunk_tokens,
         max_seqs: config.max_seqs,
         enable_prefix_cache: opts.enable_prefix_cache,
         ..SchedulerConfig::default()

@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// client requests run in it: more keeps ingest ahead, fewer keeps client tokens quicker.
     #[arg(long, default_value_t = 64)]
     session_step_tokens: usize,
+    /// Most tokens ingest or warm work computes in one step, whatever else runs: a flash
+    /// evaluation or a request arriving mid-recompute waits at most one such chunk.
+    #[arg(long, default_value_t = 128)]
+    session_chunk_tokens: usize,
     /// Sequences running at once.
     #[arg(long, default_value_t = 64)]
     max_seqs: usize,
@@ -131,6 +135,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         block_size: 16,
         max_batched_tokens: args.max_batched_tokens,
         session_step_tokens: args.session_step_tokens.max(1),
+        session_chunk_tokens: args.session_chunk_tokens.max(1),
         enable_prefix_cache: !args.no_prefix_cache,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

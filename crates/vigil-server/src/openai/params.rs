@@ -79,6 +79,7 @@ pub fn sampling_params(
         seed: p.seed.map(|s| s as u64),
         logprobs,
         min_tokens: p.min_tokens.unwrap_or(0),
+        score_prompt_from: None,
     };
     params
         .validate()

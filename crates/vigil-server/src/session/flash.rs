@@ -19,7 +19,8 @@ use std::time::Instant;
 use tokio::sync::oneshot;
 use vigil_engine::pins::PinUse;
 use vigil_engine::sampling::SamplingParams;
-use vigil_engine::sequence::Priority;
+use vigil_engine::sequence::{FinishReason, Priority};
+use vigil_model::tokenizer::IncrementalDetokenizer;
 
 pub const MAX_FLASH_QUERIES: usize = 20;
 pub const DEFAULT_FLASH_MAX_TOKENS: usize = 32;
@@ -27,6 +28,9 @@ pub const DEFAULT_FLASH_MAX_TOKENS: usize = 32;
 #[derive(Debug, Clone)]
 pub struct FlashAnswer {
     pub value: String,
+    /// The answer's tokens and why it ended: the next evaluation's draft.
+    pub ids: Vec<u32>,
+    pub finish: FinishReason,
     pub data_version: u64,
     /// First-token logit gap (top-1 minus top-2).
     pub confidence: f32,
@@ -135,6 +139,8 @@ struct Due {
     id: u64,
     query: String,
     max_tokens: usize,
+    /// The previous answer, if any: verified as a draft before anything is decoded.
+    draft: Option<(Vec<u32>, FinishReason)>,
 }
 
 fn due_queries(session: &Session) -> Vec<Due> {
@@ -150,6 +156,7 @@ fn due_queries(session: &Session) -> Vec<Due> {
             id: q.id,
             query: q.query.clone(),
             max_tokens: q.max_tokens,
+            draft: (q.answer.as_ref()).map(|a| (a.ids.clone(), a.finish)),
         })
         .collect()
 }
@@ -161,7 +168,7 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
     };
     let wrap = session.settings.wraps.at(layout);
     let started = Instant::now();
-    let mut waits = Vec::new();
+    let mut jobs = Vec::new();
     for d in due {
         let text = format!("{}{}{}", wrap.before, d.query, wrap.after);
         let q_tokens = match crate::cpu_jobs::encode(state, text, false, "query").await {
@@ -171,48 +178,31 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
                 continue;
             }
         };
-        let mut prompt = mirror.clone();
-        prompt.extend(q_tokens);
-        let (tx, rx) = oneshot::channel();
-        let mut params = GenParams::new(prompt, greedy(2), Some(d.max_tokens));
-        // The data plane's class: a round is older than the next batch, so it runs first and a
-        // continuous stream cannot starve it (coalescing keeps it from queueing).
-        params.priority = Priority::Ingest;
-        params.pin = Some(PinUse {
-            key: session.pin,
-            save: None,
-            save_on_abort: false,
-        });
-        params.on_finish = Some(Box::new(move |f| {
-            let _ = tx.send(f);
-        }));
-        match generate::start(state, params) {
-            Ok(events) => waits.push((d.id, events, rx)),
-            Err(e) => park(state, session, d.id, version, &e),
-        }
+        let mut base = mirror.clone();
+        base.extend(q_tokens);
+        let id = d.id;
+        jobs.push(async move { (id, evaluate(state, session, base, d).await) });
     }
-    for (id, mut events, rx) in waits {
-        let mut text = String::new();
-        while let Some(ev) = events.recv().await {
-            if let generate::GenEvent::Delta { text: t, .. } = ev {
-                text.push_str(&t);
+    for (id, result) in futures_util::future::join_all(jobs).await {
+        let answer = match result {
+            Ok(a) => a,
+            Err(e) => {
+                if !session.is_deleted() {
+                    park(state, session, id, version, &e);
+                }
+                continue;
             }
-        }
-        let Ok(Some(finished)) = rx.await else {
-            if !session.is_deleted() {
-                let e = ApiError::internal("the evaluation ended without an answer");
-                park(state, session, id, version, &e);
-            }
-            continue;
         };
         state
             .metrics
             .flash_evaluations
             .fetch_add(1, Ordering::Relaxed);
         let answer = FlashAnswer {
-            value: text,
+            value: answer_text(state, &answer.base_tail, &answer.ids),
+            ids: answer.ids,
+            finish: answer.finish,
             data_version: version,
-            confidence: logit_gap(&finished.first_top),
+            confidence: logit_gap(&answer.first_top),
             evaluated_at: crate::ids::unix_now(),
         };
         let event = {
@@ -244,6 +234,117 @@ async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Du
         }
     }
     session.flash_done.send_modify(|n| *n += 1);
+}
+
+/// One evaluation's result before it is turned into text.
+struct Evaluated {
+    ids: Vec<u32>,
+    finish: FinishReason,
+    first_top: Vec<(u32, f32)>,
+    /// The last prompt tokens, the detokenizer's left context.
+    base_tail: Vec<u32>,
+}
+
+/// Answer `d` on `base` (the data and the wrapped question), exactly as a greedy decode from
+/// `base` would. With a previous answer, that answer is appended as a draft and every row of
+/// it scored in one pass: the longest prefix the model still picks is kept, and decoding goes
+/// on from there only if it diverged (or had not ended). Answers change rarely while data
+/// streams in, so most evaluations cost one prefill of the question and the draft instead of
+/// `max_tokens` decode steps.
+async fn evaluate(
+    state: &SharedState,
+    session: &Arc<Session>,
+    base: Vec<u32>,
+    d: Due,
+) -> Result<Evaluated, ApiError> {
+    let base_tail = base[base.len().saturating_sub(4)..].to_vec();
+    let mut accepted = Vec::new();
+    let mut first_top = None;
+    if let Some((draft, finish)) = d.draft.filter(|(ids, _)| !ids.is_empty()) {
+        let draft: Vec<u32> = draft.into_iter().take(d.max_tokens).collect();
+        let mut prompt = base.clone();
+        prompt.extend_from_slice(&draft);
+        let mut sampling = greedy(2);
+        sampling.score_prompt_from = Some(base.len() - 1);
+        // A draft that does not fit (or a failed pass) only costs the shortcut.
+        let scores = match run_on_fork(state, session, prompt, sampling, 1).await {
+            Ok(verified) => verified.prompt_scores,
+            Err(_) => Vec::new(),
+        };
+        // Every draft row scored (none served from the prefix cache): keep what still holds.
+        if scores.len() == draft.len() {
+            let kept = (scores.iter().zip(&draft))
+                .take_while(|((pick, _), &t)| *pick == t)
+                .count();
+            first_top = scores.first().map(|(_, top)| top.clone());
+            state.metrics.flash_drafts.fetch_add(1, Ordering::Relaxed);
+            state
+                .metrics
+                .flash_draft_tokens
+                .fetch_add(kept as u64, Ordering::Relaxed);
+            let ended = finish == FinishReason::Stop || draft.len() == d.max_tokens;
+            if kept == draft.len() && ended {
+                state.metrics.flash_verified.fetch_add(1, Ordering::Relaxed);
+                return Ok(Evaluated {
+                    ids: draft,
+                    finish,
+                    first_top: first_top.unwrap_or_default(),
+                    base_tail,
+                });
+            }
+            accepted = draft[..kept].to_vec();
+        }
+    }
+    let mut prompt = base;
+    prompt.extend_from_slice(&accepted);
+    let left = d.max_tokens - accepted.len();
+    let decoded = run_on_fork(state, session, prompt, greedy(2), left).await?;
+    let first_top = first_top.unwrap_or(decoded.first_top);
+    accepted.extend(decoded.output_ids);
+    Ok(Evaluated {
+        ids: accepted,
+        finish: decoded.reason,
+        first_top,
+        base_tail,
+    })
+}
+
+/// A greedy `Ingest`-class request on a fork of the session's KV; what it finished with.
+async fn run_on_fork(
+    state: &SharedState,
+    session: &Session,
+    prompt: Vec<u32>,
+    sampling: SamplingParams,
+    max_tokens: usize,
+) -> Result<generate::Finished, ApiError> {
+    let (tx, rx) = oneshot::channel();
+    let mut params = GenParams::new(prompt, sampling, Some(max_tokens));
+    // Above the data plane: an evaluation runs before the next batch's prefill (the batches
+    // wait while it runs), and coalescing keeps rounds from queueing.
+    params.priority = Priority::Flash;
+    params.pin = Some(PinUse {
+        key: session.pin,
+        save: None,
+        save_on_abort: false,
+    });
+    params.on_finish = Some(Box::new(move |f| {
+        let _ = tx.send(f);
+    }));
+    let mut events = generate::start(state, params)?;
+    while events.recv().await.is_some() {}
+    match rx.await {
+        Ok(Some(finished)) => Ok(finished),
+        _ => Err(ApiError::internal("the evaluation ended without an answer")),
+    }
+}
+
+/// The text a streamed generation of `ids` after `base_tail` shows (the same incremental
+/// detokenization, so a flash answer reads exactly as a cold generate's).
+fn answer_text(state: &SharedState, base_tail: &[u32], ids: &[u32]) -> String {
+    let mut detok = IncrementalDetokenizer::new(&state.tokenizer, base_tail, true);
+    let mut text: String = ids.iter().filter_map(|&id| detok.push(id).ok()).collect();
+    text.push_str(&detok.flush());
+    text
 }
 
 /// Park query `id` at `version` with the reason its evaluation did not run, and tell the
