@@ -1052,26 +1052,27 @@ def test_session_metrics_and_health(qwen, qclient, janitor):
     assert h1["session_ingested_tokens"] > h0["session_ingested_tokens"]
 
 
-def test_flash_evaluation_skips_to_the_newest_version(qwen, qclient, janitor):
-    """Batches landing faster than a long flash evaluation: only the newest version is
-    evaluated, the versions in between are counted as skipped, and the answer catches up."""
+def test_flash_answers_each_version_before_the_next_batch_lands(qwen, qclient, janitor):
+    """Entries pushed back to back while a batch is ingested or a flash evaluation runs wait
+    and land together as the next batch: each version is answered before the next one lands
+    (evaluations, not skips), and the answer is current at the end."""
     s = create(qclient, qwen, janitor)
-    f = qclient.sessions.flash(s.id, "Summarise everything so far in detail.", max_tokens=256)
+    f = qclient.sessions.flash(s.id, "Summarise everything so far.", max_tokens=32)
     m0 = qwen.metrics_text()
-    # Each push waits (polling every 2 ms; the client's default is 100 ms) until its batch is
-    # KV-resident, so every batch is its own version and they land back to back, several per
-    # 256-token evaluation whatever the machine's speed.
     for i in range(12):
-        qclient.sessions.push(s.id, [f"batch {i} value {i * 7}"], wait=True, wait_interval=0.002)
-    settled, _ = settle_session(qwen, s.id)
+        qclient.sessions.push(s.id, [f"batch {i} value {i * 7}"])
+    settled, data = settle_session(qwen, s.id)
     version = settled["data_version"]
+    assert len(data["entries"]) == 12 and settled["total_pushed"] == 12
+    assert version < 12, "nothing coalesced: every push landed as its own batch"
     q = next(x for x in wait_flash_fresh(qwen, s.id)["data"] if x["id"] == f.id)
     assert q["data_version"] == version
-    assert q["skipped"] > 0, q
-    assert q["evaluations"] + q["skipped"] <= version, q
-    assert q["evaluations"] < version, "every version was evaluated: nothing coalesced"
+    assert q["evaluations"] + q["skipped"] == version, q
+    # A version is skipped only when its evaluation took longer than the ingest worker waits
+    # for it (2 s): not with 32 tokens on the tiny model.
+    assert q["skipped"] == 0, q
     m1 = qwen.metrics_text()
-    assert prom_value(m1, "vigil_flash_skipped_total") - prom_value(m0, "vigil_flash_skipped_total") >= q["skipped"]
+    assert prom_value(m1, "vigil_flash_skipped_total") == prom_value(m0, "vigil_flash_skipped_total")
 
 
 def test_turn_cancels_a_running_warm_and_keeps_its_work(client, smol, janitor):

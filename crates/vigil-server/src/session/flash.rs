@@ -90,7 +90,7 @@ impl FlashQuery {
 
     /// Whether the query needs an evaluation at version `v`: its answer is older and it is not
     /// parked at `v` (a parked query waits for the data to move on).
-    fn due_at(&self, v: u64) -> bool {
+    pub fn due_at(&self, v: u64) -> bool {
         self.answer.as_ref().is_none_or(|a| a.data_version < v)
             && self.error.as_ref().is_none_or(|e| e.data_version < v)
     }

@@ -241,6 +241,33 @@ pub async fn run_ingest(state: SharedState, session: Arc<Session>) {
             Err(e) => tracing::warn!(session = %session.id, "ingest failed: {}", e.message),
         }
         drop(writer);
+        // The flash queries answer this version before the next batch is prefilled (entries
+        // arriving meanwhile coalesce into that batch), so answers lag by at most a version;
+        // bounded, so data still becomes resident if an evaluation is slow.
+        await_flash_round(&session, FLASH_ROUND_WAIT).await;
+    }
+}
+
+/// Longest the next batch waits for the flash queries to answer the newest version.
+const FLASH_ROUND_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Until every flash query is answered (or parked) at the session's version, at most `most`.
+async fn await_flash_round(session: &Session, most: std::time::Duration) {
+    let mut rounds = session.flash_done.subscribe();
+    let deadline = tokio::time::Instant::now() + most;
+    loop {
+        let behind = {
+            let st = session.lock();
+            let v = st.data_version;
+            v > 0 && st.flash.iter().any(|q| q.due_at(v))
+        };
+        if !behind || session.is_deleted() {
+            return;
+        }
+        match tokio::time::timeout_at(deadline, rounds.changed()).await {
+            Ok(Ok(())) => {}
+            _ => return, // The deadline passed (or the session is going away).
+        }
     }
 }
 
