@@ -76,18 +76,16 @@ impl ModelRunner {
                 inp.positions.push(pos as u32);
                 inp.slot_mapping.push(table.slot(pos).unwrap_or(0) as u32);
             }
-            if seq.params.score_prompt_from.is_some() {
+            if let Some(from) = seq.params.score_prompt_from {
+                // Scored rows run on from `from` without a gap: the next one, if this chunk
+                // computes it, up to the row before the last prompt token. A row the prefix
+                // cache served (before `start`) ends the scoring.
+                let next = from + seq.prompt_scores.len();
                 let first = inp.token_ids.len() - s.num_tokens;
-                let scored = seq.prompt_scores.len();
-                let mut pending = 0;
-                for pos in start..end {
-                    let from = seq.params.score_prompt_from.unwrap_or(usize::MAX);
-                    if pos + 1 < num_tokens.min(seq.num_prompt_tokens)
-                        && pos == from + scored + pending
-                    {
-                        inp.sample_rows.push(first + (pos - start));
+                if next >= start {
+                    for pos in next..end.min(seq.num_prompt_tokens.saturating_sub(1)) {
+                        inp.sample_rows.push(first + pos - start);
                         sampling.push((seq.id, RowUse::ScorePrompt));
-                        pending += 1;
                     }
                 }
             }
