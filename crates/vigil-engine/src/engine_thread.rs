@@ -448,6 +448,10 @@ impl EngineLoop {
                 .is_err();
             if let Some(reason) = out.finished {
                 if let Some(seq) = self.engine.take_finished(out.seq_id) {
+                    // A session's pin is saved as its sequence finishes: what the pin holds is
+                    // published before the caller hears of the finish, so a caller that reads
+                    // it next (a second warm) sees the save.
+                    Self::publish_pins(&self.engine.pins, &self.pin_kv, &mut self.published_pins);
                     st.prompt_tokens
                         .fetch_add(seq.num_prompt_tokens as u64, Ordering::Relaxed);
                     st.prefix_cached_tokens
@@ -500,11 +504,20 @@ impl EngineLoop {
         st.pins.store(pins.len(), Ordering::Relaxed);
         st.pin_evictions
             .store(pins.num_evictions, Ordering::Relaxed);
-        if self.published_pins != Some(pins.generation) {
-            let mut map = self.pin_kv.lock().unwrap_or_else(|e| e.into_inner());
+        Self::publish_pins(pins, &self.pin_kv, &mut self.published_pins);
+    }
+
+    /// Copy each pin's KV length into `pin_kv` if the pins changed since the last copy.
+    fn publish_pins(
+        pins: &crate::pins::PinStore,
+        pin_kv: &Mutex<HashMap<PinKey, usize>>,
+        published: &mut Option<u64>,
+    ) {
+        if *published != Some(pins.generation) {
+            let mut map = pin_kv.lock().unwrap_or_else(|e| e.into_inner());
             map.clear();
             map.extend(pins.kv_tokens());
-            self.published_pins = Some(pins.generation);
+            *published = Some(pins.generation);
         }
     }
 }
