@@ -397,15 +397,16 @@ def session_data(server: VigilServer, sid: str, headers: Optional[dict] = None) 
 def settle_session(server: VigilServer, sid: str, timeout: float = 60.0,
                    headers: Optional[dict] = None) -> tuple[dict, dict]:
     """Waits until every accepted entry of the session is ingested and KV-resident: nothing
-    pending, retained + evicted entries equal pushed minus dropped, and the residency predicate
-    of the reference client (`kv_tokens + 1 >= data_end`). Returns (session, data)."""
+    pending, retained + evicted entries equal pushed minus dropped (and the server's own count of
+    ingested entries, `total_ingested`), and the residency predicate of the reference client
+    (`kv_tokens + 1 >= data_end`). Returns (session, data)."""
     deadline = time.monotonic() + timeout
     while True:
         s = session_get(server, sid, headers)
         d = session_data(server, sid, headers)
         ingested = len(d["entries"]) + d["evicted"]
         if (s["pending"] == 0 and ingested == s["total_pushed"] - s["total_dropped"]
-                and s["kv_tokens"] + 1 >= s["data_end"]):
+                and s["total_ingested"] == ingested and s["kv_tokens"] + 1 >= s["data_end"]):
             return s, d
         if time.monotonic() > deadline:
             raise AssertionError(f"session {sid} did not settle in {timeout}s: {s} / {len(d['entries'])} entries")

@@ -197,7 +197,8 @@ def test_session_reports_vigil_fields(smol, janitor):
     plain = janitor.create(smol)
     assert plain["overflow"] == "drop_oldest"
     assert plain["max_pending"] == 4096 and plain["max_pending_bytes"] == MIB4
-    for field in ("pending_bytes", "total_pushed", "total_dropped", "evicted_tokens", "window_recomputes"):
+    for field in ("pending_bytes", "total_pushed", "total_dropped", "total_ingested", "evicted_tokens",
+                  "window_recomputes"):
         assert plain[field] == 0, (field, plain)
     assert isinstance(plain["prompt_tokens"], int) and plain["prompt_tokens"] >= 0
 

@@ -144,6 +144,9 @@ pub struct Settings {
     /// `iterations`); on a CPU these take seconds each, flash answers milliseconds.
     pub replay_iterations: Option<u32>,
     pub cold_iterations: Option<u32>,
+    /// live-stream: chat streams kept running beside the stream on every target (closed loop,
+    /// 64 tokens each request), to measure session work under a saturated engine.
+    pub chat_streams: u32,
     /// matrix: context lengths (rows) and simultaneous requests (columns); each decode cell
     /// runs `matrix_duration_s` seconds of requests asking `matrix_max_output` tokens.
     pub matrix_contexts: Vec<u32>,
@@ -188,6 +191,7 @@ impl Default for Settings {
             answer_tokens: 16,
             replay_iterations: None,
             cold_iterations: None,
+            chat_streams: 0,
             matrix_contexts: vec![1024, 4096],
             matrix_concurrency: vec![1, 2, 4, 8],
             matrix_duration_s: 30,

@@ -10,7 +10,12 @@
 //!
 //! While a Foreground sequence is in the step, the lower classes share at most
 //! `max_lower_tokens_with_foreground` tokens of it, so background prefill does not stretch
-//! interactive steps.
+//! interactive steps. That share is also theirs for certain: while session work (ingest, a
+//! flash evaluation) is queued or running, Foreground plans from a budget short of it, so no
+//! foreground load, however heavy, stops the data plane. The share grows to what finishes each
+//! session sequence's prefill within `session_deadline_steps` steps of its arrival (up to half
+//! a step): under a saturated engine an ingest batch still lands in a bounded number of steps,
+//! and client requests give up only what the data plane needs.
 //!
 //! Session work has seats of its own: `Foreground` sequences take at most `max_seqs` seats,
 //! and the lower classes may use `session_seats` more, so a server full of chat streams still
@@ -38,8 +43,14 @@ pub struct SchedulerConfig {
     pub promote_after_steps: u64,
     /// While a `Foreground` sequence is in the step, the lower classes get at most this many
     /// tokens of it: a session's ingest or flash work must not turn every token of an
-    /// interactive request into a long prefill step.
+    /// interactive request into a long prefill step. While session work is due it also gets
+    /// this many for certain (capped at `session_chunk_tokens` and half a step): Foreground
+    /// plans from the rest.
     pub max_lower_tokens_with_foreground: usize,
+    /// Steps within which session work should finish its prefill beside client requests: the
+    /// session share grows to what that takes, up to half of `max_batched_tokens`; 0 keeps it
+    /// at the base.
+    pub session_deadline_steps: u64,
     /// Seats beyond `max_seqs` that only sequences below `Foreground` (session ingest, flash
     /// evaluations, warm) may take.
     pub session_seats: usize,
@@ -58,6 +69,7 @@ impl Default for SchedulerConfig {
             enable_prefix_cache: true,
             promote_after_steps: 256,
             max_lower_tokens_with_foreground: 64,
+            session_deadline_steps: 4,
             session_seats: 2,
             session_chunk_tokens: 128,
         }
@@ -89,6 +101,8 @@ pub struct Scheduler {
     num_steps: u64,
     /// The step count when each waiting sequence (re)entered the queue.
     waiting_since: HashMap<SeqId, u64>,
+    /// The step count when each sequence arrived (for the session share's deadline).
+    arrived: HashMap<SeqId, u64>,
 }
 
 /// What one `schedule` call has handed out so far.
@@ -131,18 +145,21 @@ impl Scheduler {
             num_promotions: 0,
             num_steps: 0,
             waiting_since: HashMap::new(),
+            arrived: HashMap::new(),
         }
     }
 
     pub fn add(&mut self, id: SeqId) {
         self.waiting.push_back(id);
         self.waiting_since.insert(id, self.num_steps);
+        self.arrived.insert(id, self.num_steps);
     }
 
     pub fn remove(&mut self, id: SeqId) {
         self.waiting.retain(|&s| s != id);
         self.running.retain(|&s| s != id);
         self.waiting_since.remove(&id);
+        self.arrived.remove(&id);
     }
 
     pub fn has_work(&self) -> bool {
@@ -166,35 +183,81 @@ impl Scheduler {
         self.waiting.retain(|id| seqs.contains_key(id));
         self.running.retain(|id| seqs.contains_key(id));
         self.waiting_since.retain(|id, _| seqs.contains_key(id));
+        self.arrived.retain(|id, _| seqs.contains_key(id));
         self.promote_starved(seqs);
         let order = |&id: &SeqId| (Reverse(class(seqs, id)), id);
         self.waiting.make_contiguous().sort_by_key(order);
         self.running.sort_by_key(order);
 
+        let share = self.session_share(seqs);
         let mut st = StepState {
             plan: StepPlan::default(),
-            budget: self.config.max_batched_tokens,
+            budget: self.config.max_batched_tokens - share,
             reserved: Vec::new(),
             victim_floor: None,
             admission_closed: false,
         };
         for class in Priority::DESCENDING {
+            if class == Priority::Flash {
+                // Foreground is planned: the session share goes back to the classes below.
+                st.budget += share;
+            }
             if class < Priority::Foreground && !st.plan.seqs.is_empty() {
                 // Something of a higher class is planned (the classes run highest first).
-                st.budget = st.budget.min(self.config.max_lower_tokens_with_foreground);
+                let most = self.config.max_lower_tokens_with_foreground.max(share);
+                st.budget = st.budget.min(most);
             }
             if class < Priority::Flash {
-                st.budget = st.budget.min(self.config.session_chunk_tokens);
+                // A grown share may pass the chunk: the step is a saturated engine's anyway.
+                st.budget = st.budget.min(self.config.session_chunk_tokens.max(share));
             }
-            let flash = |s: &ScheduledSeq| self::class(seqs, s.seq_id) == Priority::Flash;
-            if class < Priority::Flash && st.plan.seqs.iter().any(flash) {
-                // A flash evaluation runs without the data plane's prefill beside it.
+            let planned =
+                |c: Priority| (st.plan.seqs.iter()).any(|s| self::class(seqs, s.seq_id) == c);
+            if class < Priority::Flash && planned(Priority::Flash) && !planned(Priority::Foreground)
+            {
+                // A flash evaluation runs without the data plane's prefill beside it. Not
+                // beside client requests: there the evaluation decodes at their pace, and the
+                // data plane keeps the rest of its share.
                 st.budget = 0;
             }
             self.schedule_running(class, &mut st, seqs, pool);
             self.admit_waiting(class, &mut st, seqs, pool);
         }
         st.plan
+    }
+
+    /// The tokens kept out of Foreground's budget this step: the lower classes' share while
+    /// session work (Flash or Ingest, not warm turns) is queued or running. The base share
+    /// (`max_lower_tokens_with_foreground`, at most a chunk), or what finishes every such
+    /// sequence's tokens by its deadline (`session_deadline_steps` after it arrived, spread
+    /// evenly over the steps left) when that is more, up to half a step.
+    fn session_share(&self, seqs: &HashMap<SeqId, Sequence>) -> usize {
+        let half = self.config.max_batched_tokens / 2;
+        let base = (self.config.max_lower_tokens_with_foreground)
+            .min(self.config.session_chunk_tokens)
+            .min(half);
+        let mut due = false;
+        let mut needed = 0usize;
+        for id in self.waiting.iter().chain(self.running.iter()) {
+            let Some(seq) = seqs.get(id) else { continue };
+            if !matches!(seq.effective_priority(), Priority::Flash | Priority::Ingest) {
+                continue;
+            }
+            due = true;
+            let deadline = self.config.session_deadline_steps;
+            if deadline == 0 {
+                continue;
+            }
+            let age = self.num_steps - self.arrived.get(id).copied().unwrap_or(self.num_steps);
+            // This step is step `age` of its life (the first is 1).
+            let steps_left = (deadline + 1).saturating_sub(age.max(1)).max(1);
+            let remaining = seq.num_tokens() - seq.num_computed_tokens;
+            needed += remaining.div_ceil(steps_left as usize);
+        }
+        if !due {
+            return 0;
+        }
+        base.max(needed).min(half)
     }
 
     /// Promote every waiting sequence that waited past the age bound.

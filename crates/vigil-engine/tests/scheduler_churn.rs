@@ -108,6 +108,7 @@ fn priority_churn_keeps_invariants() {
         enable_prefix_cache: true,
         promote_after_steps: 40,
         max_lower_tokens_with_foreground: usize::MAX,
+        session_deadline_steps: 0,
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
     };
@@ -241,6 +242,7 @@ fn background_arrivals_never_delay_foreground_tokens() {
         enable_prefix_cache: true,
         promote_after_steps: 1_000_000,
         max_lower_tokens_with_foreground: usize::MAX,
+        session_deadline_steps: 0,
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
     };
@@ -315,6 +317,7 @@ fn low_finish_step(
         enable_prefix_cache: true,
         promote_after_steps,
         max_lower_tokens_with_foreground: usize::MAX,
+        session_deadline_steps: 0,
         session_seats,
         session_chunk_tokens: usize::MAX,
     };
@@ -380,6 +383,7 @@ fn a_flash_evaluation_runs_alone_before_the_ingest_prefill_goes_on() {
         enable_prefix_cache: true,
         promote_after_steps: u64::MAX,
         max_lower_tokens_with_foreground: usize::MAX,
+        session_deadline_steps: 0,
         session_seats: 2,
         session_chunk_tokens: usize::MAX,
     };
@@ -449,6 +453,7 @@ fn preempted_sequence_readmits_from_its_committed_blocks() {
         enable_prefix_cache: true,
         promote_after_steps: 1000,
         max_lower_tokens_with_foreground: usize::MAX,
+        session_deadline_steps: 0,
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
     };
@@ -515,6 +520,8 @@ fn lower_classes_get_a_small_share_of_steps_with_foreground_work() {
     let config = SchedulerConfig {
         max_batched_tokens: 64,
         max_lower_tokens_with_foreground: 8,
+        // The base share alone (the deadline has a test of its own).
+        session_deadline_steps: 0,
         ..SchedulerConfig::default()
     };
     let mut e = engine(128, config);
@@ -548,4 +555,182 @@ fn lower_classes_get_a_small_share_of_steps_with_foreground_work() {
         e.check_invariants().unwrap();
     }
     assert!(done_fg && with_fg >= 20, "foreground ran {with_fg} steps");
+}
+
+#[test]
+fn session_work_keeps_its_share_of_every_step_under_saturating_foreground_prefill() {
+    // Foreground prompts of 200 tokens keep every step's budget full of prefill, and more keep
+    // arriving. An ingest prefill still advances its full share (16 tokens) in every step from
+    // its first, so it is resident within ceil(100 / 16) steps; Foreground plans from the
+    // other 48 tokens meanwhile, and from the whole step again once no session work is due.
+    let config = SchedulerConfig {
+        max_batched_tokens: 64,
+        max_seqs: 4,
+        watermark: 0.0,
+        promote_after_steps: u64::MAX,
+        max_lower_tokens_with_foreground: 16,
+        session_deadline_steps: 0,
+        session_seats: 2,
+        ..SchedulerConfig::default()
+    };
+    let mut e = engine(512, config);
+    let mut rng = Lcg(9);
+    let fill = |e: &mut LlmEngine, rng: &mut Lcg| {
+        let fg_waiting = (e.scheduler.waiting.iter())
+            .filter(|id| e.seqs[*id].priority == Priority::Foreground)
+            .count();
+        for _ in fg_waiting..2 {
+            add(e, rng.tokens(200), 2, Priority::Foreground);
+        }
+    };
+    // Foreground prefill alone takes every token of the step.
+    fill(&mut e, &mut rng);
+    e.step().unwrap();
+    let computed = |e: &LlmEngine| -> usize {
+        (e.seqs.values())
+            .filter(|s| s.priority == Priority::Foreground)
+            .map(|s| s.num_computed_tokens)
+            .sum()
+    };
+    assert_eq!(computed(&e), 64, "foreground alone had the whole step");
+    let ingest = add(&mut e, rng.tokens(100), 1, Priority::Ingest);
+    let mut steps = 0;
+    loop {
+        fill(&mut e, &mut rng);
+        let before = e.seqs[&ingest].num_computed_tokens;
+        let outs = e.step().unwrap();
+        e.check_invariants().unwrap();
+        steps += 1;
+        for out in &outs {
+            if out.finished.is_some() && out.seq_id != ingest {
+                e.take_finished(out.seq_id).unwrap();
+            }
+        }
+        if e.take_finished(ingest).is_some() {
+            break;
+        }
+        let advanced = e.seqs[&ingest].num_computed_tokens - before;
+        assert_eq!(
+            advanced, 16,
+            "step {steps}: ingest advanced {advanced} tokens"
+        );
+        assert!(steps < 20, "the ingest prefill never finished");
+    }
+    assert_eq!(steps, 7, "100 tokens at 16 a step");
+    assert_eq!(e.scheduler.num_promotions, 0, "no age bound needed");
+}
+
+/// Foreground prompts of 200 tokens, two always waiting: every step's budget fills with
+/// foreground prefill unless something holds tokens back.
+fn keep_foreground_prefilling(e: &mut LlmEngine, rng: &mut Lcg) {
+    let fg_waiting = (e.scheduler.waiting.iter())
+        .filter(|id| e.seqs[*id].priority == Priority::Foreground)
+        .count();
+    for _ in fg_waiting..2 {
+        add(e, rng.tokens(200), 2, Priority::Foreground);
+    }
+}
+
+/// Steps the engine once, dropping every finished sequence but `keep`; whether `keep` ended.
+fn step_keeping(e: &mut LlmEngine, keep: &[SeqId]) -> Vec<SeqId> {
+    let outs = e.step().unwrap();
+    e.check_invariants().unwrap();
+    let mut ended = Vec::new();
+    for out in &outs {
+        if out.finished.is_some() {
+            if keep.contains(&out.seq_id) {
+                ended.push(out.seq_id);
+            } else {
+                e.take_finished(out.seq_id).unwrap();
+            }
+        }
+    }
+    ended
+}
+
+#[test]
+fn the_session_share_grows_to_land_ingest_within_its_deadline_up_to_half_a_step() {
+    // Base share 16 of a 128-token step, a deadline of 4 steps: a 160-token ingest prefill
+    // takes 40 tokens a step and is done in 4; a 40-token one needs less than the base and
+    // takes 16 a step; a 600-token one is held to half the step (64).
+    let config = SchedulerConfig {
+        max_batched_tokens: 128,
+        max_seqs: 4,
+        watermark: 0.0,
+        promote_after_steps: u64::MAX,
+        max_lower_tokens_with_foreground: 16,
+        session_deadline_steps: 4,
+        session_seats: 2,
+        ..SchedulerConfig::default()
+    };
+    for (tokens, expected) in [
+        (160, vec![40, 40, 40, 40]),
+        (40, vec![16, 16, 8]),
+        (600, vec![64, 64, 64, 64, 64, 64]),
+    ] {
+        let mut e = engine(1024, config.clone());
+        let mut rng = Lcg(21);
+        keep_foreground_prefilling(&mut e, &mut rng);
+        e.step().unwrap();
+        let ingest = add(&mut e, rng.tokens(tokens), 1, Priority::Ingest);
+        let mut advances = Vec::new();
+        for _ in 0..expected.len() {
+            keep_foreground_prefilling(&mut e, &mut rng);
+            let before = e.seqs[&ingest].num_computed_tokens;
+            step_keeping(&mut e, &[ingest]);
+            advances.push(e.seqs[&ingest].num_computed_tokens - before);
+        }
+        assert_eq!(advances, expected, "a {tokens}-token ingest prefill");
+    }
+}
+
+#[test]
+fn beside_client_requests_ingest_keeps_its_share_while_a_flash_evaluation_runs() {
+    // Alone with ingest, a flash evaluation runs without it (see above); beside client
+    // requests, the evaluation takes what it needs of the session share and the ingest
+    // prefill the rest, so the data plane never stops for an evaluation decoding at the
+    // clients' pace.
+    let config = SchedulerConfig {
+        max_batched_tokens: 64,
+        max_seqs: 4,
+        watermark: 0.0,
+        promote_after_steps: u64::MAX,
+        max_lower_tokens_with_foreground: 16,
+        session_deadline_steps: 0,
+        session_seats: 2,
+        ..SchedulerConfig::default()
+    };
+    let mut e = engine(1024, config);
+    let mut rng = Lcg(23);
+    keep_foreground_prefilling(&mut e, &mut rng);
+    let ingest = add(&mut e, rng.tokens(300), 1, Priority::Ingest);
+    e.step().unwrap();
+    let flash = add(&mut e, rng.tokens(10), 6, Priority::Flash);
+    let mut flash_done = false;
+    for step in 0..12 {
+        keep_foreground_prefilling(&mut e, &mut rng);
+        let before = e.seqs[&ingest].num_computed_tokens;
+        let flash_before = e.seqs.get(&flash).map(|s| s.num_computed_tokens);
+        let ended = step_keeping(&mut e, &[ingest, flash]);
+        if ended.contains(&flash) {
+            e.take_finished(flash).unwrap();
+            flash_done = true;
+        }
+        let flash_took = match (flash_before, e.seqs.get(&flash)) {
+            (Some(b), Some(s)) => s.num_computed_tokens - b,
+            (Some(_), None) => 1, // its last decode
+            _ => 0,
+        };
+        let advanced = e.seqs[&ingest].num_computed_tokens - before;
+        assert_eq!(
+            advanced + flash_took,
+            16,
+            "step {step}: ingest {advanced}, flash {flash_took}"
+        );
+        assert!(
+            advanced > 0,
+            "step {step}: ingest stopped for the evaluation"
+        );
+    }
+    assert!(flash_done, "the flash evaluation never finished");
 }

@@ -125,6 +125,10 @@ struct RunArgs {
     /// live-stream: measured cold queries per session target [default: --iterations].
     #[arg(long)]
     cold_iterations: Option<u32>,
+    /// live-stream: chat streams kept running beside the stream (closed loop, 64 tokens a
+    /// request), to measure ingest under a saturated engine [default: 0].
+    #[arg(long)]
+    chat_streams: Option<u32>,
     /// matrix: context lengths, the grid's rows [default: 1024,4096].
     #[arg(long, value_delimiter = ',')]
     matrix_contexts: Option<Vec<u32>>,
@@ -198,6 +202,7 @@ fn run_workload(a: RunArgs) -> Result<()> {
         answer_tokens: a.answer_tokens.unwrap_or(d.answer_tokens),
         replay_iterations: a.replay_iterations.or(d.replay_iterations),
         cold_iterations: a.cold_iterations.or(d.cold_iterations),
+        chat_streams: a.chat_streams.unwrap_or(d.chat_streams),
         matrix_contexts: a.matrix_contexts.unwrap_or(d.matrix_contexts),
         matrix_concurrency: a.matrix_concurrency.unwrap_or(d.matrix_concurrency),
         matrix_duration_s: a.matrix_duration_seconds.unwrap_or(d.matrix_duration_s),

@@ -16,9 +16,11 @@
 //! stream's load, not by a queue that grows with N.
 
 pub mod entries;
+mod load;
 mod session;
 
 pub use entries::{sensor_fields, CountMethod, Entry, EntrySource, TokenCounter, Window};
+pub use load::ChatLoad;
 pub use session::Session;
 
 use crate::client::Client;
@@ -46,6 +48,8 @@ pub const COLD_QUESTION: &str = "Which sensor reported the highest temperature, 
 const SIZED_AHEAD: usize = 64;
 /// A query sent more than this after it fell due counts as late.
 const LATE_MS: f64 = 5.0;
+/// With `--chat-streams`, how long the load runs before the first query.
+const LOAD_RAMP: Duration = Duration::from_secs(3);
 /// Failure messages kept in the record.
 const ERRORS_KEPT: usize = 5;
 
@@ -79,6 +83,19 @@ pub struct LiveRecord {
     pub flash_query: Option<Value>,
     /// The session object before it was deleted (`window_recomputes`, `evicted`, …).
     pub session_end: Option<Value>,
+    /// The chat streams run beside the stream (`--chat-streams`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_load: Option<ChatLoad>,
+    /// Ms from each push's ack to its entry being KV-resident (read every 25 ms, so late by at
+    /// most that), over the pushes of the phases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident_ms: Option<Summary>,
+    /// Pushes acknowledged but not yet resident when the session was deleted.
+    #[serde(default)]
+    pub never_resident: u64,
+    /// Each resident push: `[ms from the stream's start to its ack, ms to resident]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resident_timeline: Vec<[f64; 2]>,
 }
 
 /// Whether the client's window is what the session holds.
@@ -189,14 +206,38 @@ pub async fn run_target(
         stalls: AtomicU64::new(0),
         stop_pusher: Notify::new(),
         stop_sizer: Notify::new(),
+        stop_poller: Notify::new(),
+        stop_load: Notify::new(),
+        residency: load::Residency::default(),
     };
+    let streams = ctx.settings.chat_streams;
+    let started = Instant::now();
     let phases = async {
+        if streams > 0 {
+            // Every chat stream has a request in the engine before the first query is due.
+            tokio::time::sleep(LOAD_RAMP).await;
+        }
         let r = stream.phases(&modes, flash_id).await;
         stream.stop_pusher.notify_one();
         stream.stop_sizer.notify_one();
+        stream.stop_poller.notify_one();
+        stream.stop_load.notify_one();
         r
     };
-    let ((), (), measured) = tokio::join!(stream.sizer(), stream.pusher(), phases);
+    let chat_load = async {
+        if streams == 0 {
+            return None;
+        }
+        let seed = ctx.settings.seed;
+        Some(load::run_chat_load(client, model, streams, seed, &stream.stop_load).await)
+    };
+    let ((), (), (), chat_load, measured) = tokio::join!(
+        stream.sizer(),
+        stream.pusher(),
+        stream.poller(),
+        chat_load,
+        phases
+    );
     // A phase that failed may leave the session behind: delete it, best effort.
     if let Some(s) = stream.session.lock().await.take() {
         let _ = s.delete().await;
@@ -207,6 +248,14 @@ pub async fn run_target(
     record.entries = tokens.len() as u32;
     record.entry_tokens = Summary::of(tokens.iter().map(|&n| f64::from(n)));
     record.stream_stalls = stream.stalls.load(Ordering::Relaxed);
+    if record.sessions {
+        (
+            record.resident_ms,
+            record.never_resident,
+            record.resident_timeline,
+        ) = stream.residency.summary(started);
+    }
+    record.chat_load = chat_load;
     Ok((record, measured))
 }
 
@@ -254,6 +303,10 @@ struct Stream<'a> {
     stalls: AtomicU64,
     stop_pusher: Notify,
     stop_sizer: Notify,
+    stop_poller: Notify,
+    stop_load: Notify,
+    /// When each push of the phases became KV-resident.
+    residency: load::Residency,
 }
 
 impl Stream<'_> {
@@ -333,7 +386,10 @@ impl Stream<'_> {
             if let Ok(mut r) = self.record.lock() {
                 match ack {
                     Ok(a) => {
-                        r.dropped_entries += a.get("dropped").and_then(Value::as_u64).unwrap_or(0)
+                        r.dropped_entries += a.get("dropped").and_then(Value::as_u64).unwrap_or(0);
+                        if let Some(k) = a.get("total_pushed").and_then(Value::as_u64) {
+                            self.residency.ack(k, Instant::now());
+                        }
                     }
                     Err(e) => {
                         r.push_errors += 1;
@@ -341,6 +397,24 @@ impl Stream<'_> {
                             r.errors.push(format!("push: {e}"));
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Reads the session's `total_ingested` every `load::POLL` while there is a session.
+    async fn poller(&self) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(load::POLL) => {}
+                _ = self.stop_poller.notified() => return,
+            }
+            let Some(s) = self.session.lock().await.clone() else {
+                continue;
+            };
+            if let Ok(v) = s.get().await {
+                if let Some(n) = v.get("total_ingested").and_then(Value::as_u64) {
+                    self.residency.saw(n, Instant::now());
                 }
             }
         }

@@ -210,6 +210,27 @@ fn live_section(md: &mut String, files: &[RunFile], heads: &[String], rows: &[Ve
                     l.push_errors, l.dropped_entries, l.stream_stalls
                 );
             }
+            if let Some(r) = &l.resident_ms {
+                let _ = write!(
+                    line,
+                    "; push to resident: p50 {} ms, p95 {}, max {} ({} never resident)",
+                    fmt_num(r.p50),
+                    fmt_num(r.p95),
+                    fmt_num(r.max),
+                    l.never_resident
+                );
+            }
+            if let Some(c) = &l.chat_load {
+                let _ = write!(
+                    line,
+                    "; beside {} chat streams: {} requests ({} failed), {} output tok/s, TTFT p50 {} ms",
+                    c.streams,
+                    c.requests,
+                    c.failed,
+                    fmt_num(c.output_tok_s),
+                    c.ttft_ms.map_or("?".into(), |t| fmt_num(t.p50))
+                );
+            }
             if !l.sessions {
                 line.push_str("; no session API");
             }

@@ -43,7 +43,12 @@ pub async fn tokenize_entries(
                 let tokens = tokenizer.encode(&format!("{text}\n"), false).map_err(|e| {
                     ApiError::invalid("data", format!("could not tokenize an entry: {e}"))
                 })?;
-                Ok(Entry { text, tokens })
+                let queued = std::time::Instant::now();
+                Ok(Entry {
+                    text,
+                    tokens,
+                    queued,
+                })
             })
             .collect()
     })
@@ -54,8 +59,12 @@ pub async fn tokenize_entries(
 pub fn push(
     state: &SharedState,
     session: &Session,
-    entries: Vec<Entry>,
+    mut entries: Vec<Entry>,
 ) -> Result<Value, ApiError> {
+    let now = std::time::Instant::now();
+    for e in &mut entries {
+        e.queued = now;
+    }
     let n = entries.len();
     let bytes: usize = entries.iter().map(|e| e.text.len()).sum();
     let new_tokens: usize = entries.iter().map(|e| e.tokens.len()).sum();
@@ -243,19 +252,27 @@ pub async fn run_ingest(state: SharedState, session: Arc<Session>) {
         drop(writer);
         // The flash queries answer this version before the next batch is prefilled (entries
         // arriving meanwhile coalesce into that batch), so answers lag by at most a version;
-        // bounded, so data still becomes resident if an evaluation is slow.
-        await_flash_round(&session, FLASH_ROUND_WAIT).await;
+        // bounded, so data still becomes resident if an evaluation is slow (an engine full of
+        // client requests decodes an answer at their pace).
+        await_flash_round(&session).await;
     }
 }
 
 /// Longest the next batch waits for the flash queries to answer the newest version.
 const FLASH_ROUND_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Longest an entry, counted from its push, waits in the queue on flash queries.
+const FLASH_QUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Until every flash query is answered (or parked) at the session's version, at most `most`.
-async fn await_flash_round(session: &Session, most: std::time::Duration) {
+/// Until every flash query is answered (or parked) at the session's version, at most
+/// `FLASH_ROUND_WAIT`, and no longer than the oldest queued entry's `FLASH_QUEUE_WAIT`.
+async fn await_flash_round(session: &Session) {
     let mut rounds = session.flash_done.subscribe();
-    let deadline = tokio::time::Instant::now() + most;
+    let mut deadline = tokio::time::Instant::now() + FLASH_ROUND_WAIT;
     loop {
+        let oldest = session.lock().pending.front().map(|e| e.queued);
+        if let Some(q) = oldest {
+            deadline = deadline.min((q + FLASH_QUEUE_WAIT).into());
+        }
         let behind = {
             let st = session.lock();
             let v = st.data_version;
@@ -334,13 +351,14 @@ async fn ingest_batch(state: &SharedState, session: &Arc<Session>, batch: Batch)
             return;
         }
         st.data_version += 1;
+        st.total_ingested += n;
         st.evicted += batch.evicted as u64;
         st.evicted_tokens += batch.evicted_tokens as u64;
         if batch.evicted > 0 {
             st.window_recomputes += 1;
         }
         debug_assert_eq!(st.data_end(), durable_len);
-        json!({"data_version": st.data_version, "tokens": st.data_end(), "pending": st.pending.len()})
+        json!({"data_version": st.data_version, "tokens": st.data_end(), "pending": st.pending.len(), "total_ingested": st.total_ingested})
     };
     state
         .metrics

@@ -55,6 +55,8 @@ pub enum Layout {
 pub struct Entry {
     pub text: String,
     pub tokens: Vec<u32>,
+    /// When it was queued (its push's ack): ingest bounds how long it waits on flash queries.
+    pub queued: Instant,
 }
 
 pub struct SessionState {
@@ -73,6 +75,9 @@ pub struct SessionState {
     pub pending_bytes: usize,
     pub total_pushed: u64,
     pub total_dropped: u64,
+    /// Entries made KV-resident so far (every batch that landed): a client that counted its
+    /// pushes (`total_pushed` of each ack) knows each one is resident once this reaches it.
+    pub total_ingested: u64,
     pub evicted: u64,
     pub evicted_tokens: u64,
     pub window_recomputes: u64,
@@ -175,6 +180,7 @@ impl Session {
                 pending_bytes: 0,
                 total_pushed: 0,
                 total_dropped: 0,
+                total_ingested: 0,
                 evicted: 0,
                 evicted_tokens: 0,
                 window_recomputes: 0,
@@ -253,6 +259,7 @@ impl Session {
             "pending_bytes": st.pending_bytes,
             "total_pushed": st.total_pushed,
             "total_dropped": st.total_dropped,
+            "total_ingested": st.total_ingested,
             "evicted_tokens": st.evicted_tokens,
             "window_recomputes": st.window_recomputes,
             "flash_queries": st.flash.len(),
