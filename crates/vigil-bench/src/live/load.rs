@@ -4,8 +4,9 @@
 //! Each of the N streams sends one streaming chat completion after another (a different
 //! prompt of about 100 tokens each time, `CHAT_TOKENS` tokens out), so the engine always has N
 //! client requests decoding or prefilling. Residency is read off the session object: a push's
-//! ack says it is push number `total_pushed`, and the session's `total_ingested` says how many
-//! pushes are resident; a poller reads it every `POLL` (so a figure is late by at most that).
+//! ack says it is push number `total_pushed`, and the session's `total_ingested` (or, where a
+//! server lacks it, its retained plus evicted entries) says how many pushes are resident; a
+//! poller reads it every `POLL` (so a figure is late by at most that).
 
 use crate::client::Client;
 use crate::stats::Summary;

@@ -402,7 +402,7 @@ impl Stream<'_> {
         }
     }
 
-    /// Reads the session's `total_ingested` every `load::POLL` while there is a session.
+    /// Reads how many entries the session made resident every `load::POLL` while there is one.
     async fn poller(&self) {
         loop {
             tokio::select! {
@@ -412,10 +412,8 @@ impl Stream<'_> {
             let Some(s) = self.session.lock().await.clone() else {
                 continue;
             };
-            if let Ok(v) = s.get().await {
-                if let Some(n) = v.get("total_ingested").and_then(Value::as_u64) {
-                    self.residency.saw(n, Instant::now());
-                }
+            if let Ok(Some(n)) = s.ingested().await {
+                self.residency.saw(n, Instant::now());
             }
         }
     }

@@ -55,6 +55,19 @@ impl Session {
         Ok(self.client.get_json(&self.path("")).await?.0)
     }
 
+    /// Entries made KV-resident so far: the session's `total_ingested`, or on a server that
+    /// does not report it, the retained plus evicted entries of `GET …/data`.
+    pub async fn ingested(&self) -> Result<Option<u64>, BenchError> {
+        let v = self.get().await?;
+        if let Some(n) = v.get("total_ingested").and_then(Value::as_u64) {
+            return Ok(Some(n));
+        }
+        let d = self.client.get_json(&self.path("/data")).await?.0;
+        let entries = d.get("entries").and_then(Value::as_array).map(Vec::len);
+        let evicted = d.get("evicted").and_then(Value::as_u64);
+        Ok(entries.zip(evicted).map(|(n, e)| n as u64 + e))
+    }
+
     pub async fn push(&self, entries: &[String]) -> Result<Value, BenchError> {
         self.client
             .post_json(&self.path("/push"), &json!({"data": entries}))
