@@ -563,28 +563,11 @@ fn session_work_keeps_its_share_of_every_step_under_saturating_foreground_prefil
     // arriving. An ingest prefill still advances its full share (16 tokens) in every step from
     // its first, so it is resident within ceil(100 / 16) steps; Foreground plans from the
     // other 48 tokens meanwhile, and from the whole step again once no session work is due.
-    let config = SchedulerConfig {
-        max_batched_tokens: 64,
-        max_seqs: 4,
-        watermark: 0.0,
-        promote_after_steps: u64::MAX,
-        max_lower_tokens_with_foreground: 16,
-        session_deadline_steps: 0,
-        session_seats: 2,
-        ..SchedulerConfig::default()
-    };
+    let config = share_config(64, 0);
     let mut e = engine(512, config);
     let mut rng = Lcg(9);
-    let fill = |e: &mut LlmEngine, rng: &mut Lcg| {
-        let fg_waiting = (e.scheduler.waiting.iter())
-            .filter(|id| e.seqs[*id].priority == Priority::Foreground)
-            .count();
-        for _ in fg_waiting..2 {
-            add(e, rng.tokens(200), 2, Priority::Foreground);
-        }
-    };
     // Foreground prefill alone takes every token of the step.
-    fill(&mut e, &mut rng);
+    keep_foreground_prefilling(&mut e, &mut rng);
     e.step().unwrap();
     let computed = |e: &LlmEngine| -> usize {
         (e.seqs.values())
@@ -596,7 +579,7 @@ fn session_work_keeps_its_share_of_every_step_under_saturating_foreground_prefil
     let ingest = add(&mut e, rng.tokens(100), 1, Priority::Ingest);
     let mut steps = 0;
     loop {
-        fill(&mut e, &mut rng);
+        keep_foreground_prefilling(&mut e, &mut rng);
         let before = e.seqs[&ingest].num_computed_tokens;
         let outs = e.step().unwrap();
         e.check_invariants().unwrap();
@@ -618,6 +601,20 @@ fn session_work_keeps_its_share_of_every_step_under_saturating_foreground_prefil
     }
     assert_eq!(steps, 7, "100 tokens at 16 a step");
     assert_eq!(e.scheduler.num_promotions, 0, "no age bound needed");
+}
+
+/// Four seats, two session seats, no age bound, a base session share of 16 tokens.
+fn share_config(max_batched_tokens: usize, session_deadline_steps: u64) -> SchedulerConfig {
+    SchedulerConfig {
+        max_batched_tokens,
+        max_seqs: 4,
+        watermark: 0.0,
+        promote_after_steps: u64::MAX,
+        max_lower_tokens_with_foreground: 16,
+        session_deadline_steps,
+        session_seats: 2,
+        ..SchedulerConfig::default()
+    }
 }
 
 /// Foreground prompts of 200 tokens, two always waiting: every step's budget fills with
@@ -653,16 +650,7 @@ fn the_session_share_grows_to_land_ingest_within_its_deadline_up_to_half_a_step(
     // Base share 16 of a 128-token step, a deadline of 4 steps: a 160-token ingest prefill
     // takes 40 tokens a step and is done in 4; a 40-token one needs less than the base and
     // takes 16 a step; a 600-token one is held to half the step (64).
-    let config = SchedulerConfig {
-        max_batched_tokens: 128,
-        max_seqs: 4,
-        watermark: 0.0,
-        promote_after_steps: u64::MAX,
-        max_lower_tokens_with_foreground: 16,
-        session_deadline_steps: 4,
-        session_seats: 2,
-        ..SchedulerConfig::default()
-    };
+    let config = share_config(128, 4);
     for (tokens, expected) in [
         (160, vec![40, 40, 40, 40]),
         (40, vec![16, 16, 8]),
@@ -690,16 +678,7 @@ fn beside_client_requests_ingest_keeps_its_share_while_a_flash_evaluation_runs()
     // requests, the evaluation takes what it needs of the session share and the ingest
     // prefill the rest, so the data plane never stops for an evaluation decoding at the
     // clients' pace.
-    let config = SchedulerConfig {
-        max_batched_tokens: 64,
-        max_seqs: 4,
-        watermark: 0.0,
-        promote_after_steps: u64::MAX,
-        max_lower_tokens_with_foreground: 16,
-        session_deadline_steps: 0,
-        session_seats: 2,
-        ..SchedulerConfig::default()
-    };
+    let config = share_config(64, 0);
     let mut e = engine(1024, config);
     let mut rng = Lcg(23);
     keep_foreground_prefilling(&mut e, &mut rng);
