@@ -230,20 +230,22 @@ impl Scheduler {
     /// session work (Flash or Ingest, not warm turns) is queued or running. The base share
     /// (`max_lower_tokens_with_foreground`, at most a chunk), or what finishes every such
     /// sequence's tokens by its deadline (`session_deadline_steps` after it arrived, spread
-    /// evenly over the steps left) when that is more, up to half a step.
+    /// evenly over the steps left) when that is more, up to half a step and to what the
+    /// session work has left to compute.
     fn session_share(&self, seqs: &HashMap<SeqId, Sequence>) -> usize {
         let half = self.config.max_batched_tokens / 2;
         let base = (self.config.max_lower_tokens_with_foreground)
             .min(self.config.session_chunk_tokens)
             .min(half);
-        let mut due = false;
         let mut needed = 0usize;
+        let mut remaining_all = 0usize;
         for id in self.waiting.iter().chain(self.running.iter()) {
             let Some(seq) = seqs.get(id) else { continue };
             if !matches!(seq.effective_priority(), Priority::Flash | Priority::Ingest) {
                 continue;
             }
-            due = true;
+            let remaining = seq.num_tokens() - seq.num_computed_tokens;
+            remaining_all += remaining;
             let deadline = self.config.session_deadline_steps;
             if deadline == 0 {
                 continue;
@@ -251,13 +253,11 @@ impl Scheduler {
             let age = self.num_steps - self.arrived.get(id).copied().unwrap_or(self.num_steps);
             // This step is step `age` of its life (the first is 1).
             let steps_left = (deadline + 1).saturating_sub(age.max(1)).max(1);
-            let remaining = seq.num_tokens() - seq.num_computed_tokens;
             needed += remaining.div_ceil(steps_left as usize);
         }
-        if !due {
-            return 0;
-        }
-        base.max(needed).min(half)
+        // None without session work, and never more than the session work can use: a flash evaluation decoding alone takes a
+        // token a step, and client requests keep the rest.
+        base.max(needed).min(half).min(remaining_all)
     }
 
     /// Promote every waiting sequence that waited past the age bound.

@@ -713,3 +713,26 @@ fn beside_client_requests_ingest_keeps_its_share_while_a_flash_evaluation_runs()
     }
     assert!(flash_done, "the flash evaluation never finished");
 }
+
+#[test]
+fn the_session_share_is_never_more_than_the_session_work_can_use() {
+    // A flash evaluation decoding beside saturating client prefill needs one token a step:
+    // that is all it keeps back, and Foreground plans from the other 63.
+    let mut e = engine(1024, share_config(64, 4));
+    let mut rng = Lcg(29);
+    let flash = add(&mut e, rng.tokens(8), 6, Priority::Flash);
+    keep_foreground_prefilling(&mut e, &mut rng);
+    step_keeping(&mut e, &[flash]);
+    for step in 1..5 {
+        keep_foreground_prefilling(&mut e, &mut rng);
+        let before = e.seqs[&flash].num_computed_tokens;
+        assert!(step_keeping(&mut e, &[flash]).is_empty());
+        let all = e.last_step.num_prefill_tokens + e.last_step.num_decode_tokens;
+        assert_eq!(
+            e.seqs[&flash].num_computed_tokens - before,
+            1,
+            "step {step}"
+        );
+        assert_eq!(all, 64, "step {step}: the step is full");
+    }
+}
