@@ -267,6 +267,8 @@ struct EngineLoop {
     pin_kv: Arc<Mutex<HashMap<PinKey, usize>>>,
     /// The pin generation last copied into `pin_kv`.
     published_pins: Option<u64>,
+    /// Recent step time in ms (`track_step_time`).
+    step_ms: f64,
     /// A step panicked: the engine's state cannot be trusted, so the loop ends.
     panicked: bool,
 }
@@ -287,6 +289,7 @@ impl EngineLoop {
             disconnected: false,
             pin_kv,
             published_pins: None,
+            step_ms: 0.0,
             panicked: false,
         };
         me.publish();
@@ -404,6 +407,7 @@ impl EngineLoop {
         st.decode_tokens
             .fetch_add(last.num_decode_tokens as u64, Ordering::Relaxed);
         let ns = elapsed.as_nanos() as u64;
+        self.track_step_time(elapsed.as_secs_f64() * 1e3);
         let bucket = bucket_index(elapsed.as_secs_f64());
         if last.num_prefill_tokens > 0 {
             st.prefill_steps.fetch_add(1, Ordering::Relaxed);
@@ -473,6 +477,21 @@ impl EngineLoop {
                 // The caller dropped its receiver without an abort reaching us yet.
                 self.abort(request_id);
             }
+        }
+    }
+
+    /// Recent step time (an exponential average over about 8 steps), and the session deadline
+    /// in steps it gives, where the deadline is set in milliseconds.
+    fn track_step_time(&mut self, ms: f64) {
+        self.step_ms = if self.step_ms > 0.0 {
+            0.875 * self.step_ms + 0.125 * ms
+        } else {
+            ms
+        };
+        let config = &mut self.engine.scheduler.config;
+        if config.session_deadline_ms > 0 {
+            let steps = config.session_deadline_ms as f64 / self.step_ms.max(0.1);
+            config.session_deadline_steps = (steps.floor() as u64).clamp(1, 64);
         }
     }
 

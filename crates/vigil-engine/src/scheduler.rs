@@ -51,6 +51,10 @@ pub struct SchedulerConfig {
     /// session share grows to what that takes, up to half of `max_batched_tokens`; 0 keeps it
     /// at the base.
     pub session_deadline_steps: u64,
+    /// The same deadline in milliseconds, when set (not 0): the engine thread turns it into
+    /// `session_deadline_steps` after every step from the recent step times, so the bound
+    /// holds in time whether a step takes 20 ms or 2 s.
+    pub session_deadline_ms: u64,
     /// Seats beyond `max_seqs` that only sequences below `Foreground` (session ingest, flash
     /// evaluations, warm) may take.
     pub session_seats: usize,
@@ -70,6 +74,7 @@ impl Default for SchedulerConfig {
             promote_after_steps: 256,
             max_lower_tokens_with_foreground: 64,
             session_deadline_steps: 4,
+            session_deadline_ms: 0,
             session_seats: 2,
             session_chunk_tokens: 128,
         }
@@ -239,6 +244,7 @@ impl Scheduler {
             .min(half);
         let mut needed = 0usize;
         let mut remaining_all = 0usize;
+        let mut overdue = false;
         for id in self.waiting.iter().chain(self.running.iter()) {
             let Some(seq) = seqs.get(id) else { continue };
             if !matches!(seq.effective_priority(), Priority::Flash | Priority::Ingest) {
@@ -253,11 +259,23 @@ impl Scheduler {
             let age = self.num_steps - self.arrived.get(id).copied().unwrap_or(self.num_steps);
             // This step is step `age` of its life (the first is 1).
             let steps_left = (deadline + 1).saturating_sub(age.max(1)).max(1);
+            overdue |= age > deadline;
             needed += remaining.div_ceil(steps_left as usize);
         }
-        // None without session work, and never more than the session work can use: a flash evaluation decoding alone takes a
-        // token a step, and client requests keep the rest.
-        base.max(needed).min(half).min(remaining_all)
+        // Past its deadline, session work may take every token but one per running client
+        // request (their decodes go on; new arrivals' prefill waits): a data plane that fell
+        // behind catches up even when client prefill fills every step.
+        let most = if overdue {
+            let clients = (self.running.iter())
+                .filter(|&&id| class(seqs, id) == Priority::Foreground)
+                .count();
+            half.max(self.config.max_batched_tokens.saturating_sub(clients))
+        } else {
+            half
+        };
+        // None without session work, and never more than the session work can use: a flash
+        // evaluation decoding alone takes a token a step, and client requests keep the rest.
+        base.max(needed).min(most).min(remaining_all)
     }
 
     /// Promote every waiting sequence that waited past the age bound.

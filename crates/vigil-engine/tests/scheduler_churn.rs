@@ -109,6 +109,7 @@ fn priority_churn_keeps_invariants() {
         promote_after_steps: 40,
         max_lower_tokens_with_foreground: usize::MAX,
         session_deadline_steps: 0,
+        session_deadline_ms: 0,
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
     };
@@ -243,6 +244,7 @@ fn background_arrivals_never_delay_foreground_tokens() {
         promote_after_steps: 1_000_000,
         max_lower_tokens_with_foreground: usize::MAX,
         session_deadline_steps: 0,
+        session_deadline_ms: 0,
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
     };
@@ -318,6 +320,7 @@ fn low_finish_step(
         promote_after_steps,
         max_lower_tokens_with_foreground: usize::MAX,
         session_deadline_steps: 0,
+        session_deadline_ms: 0,
         session_seats,
         session_chunk_tokens: usize::MAX,
     };
@@ -384,6 +387,7 @@ fn a_flash_evaluation_runs_alone_before_the_ingest_prefill_goes_on() {
         promote_after_steps: u64::MAX,
         max_lower_tokens_with_foreground: usize::MAX,
         session_deadline_steps: 0,
+        session_deadline_ms: 0,
         session_seats: 2,
         session_chunk_tokens: usize::MAX,
     };
@@ -454,6 +458,7 @@ fn preempted_sequence_readmits_from_its_committed_blocks() {
         promote_after_steps: 1000,
         max_lower_tokens_with_foreground: usize::MAX,
         session_deadline_steps: 0,
+        session_deadline_ms: 0,
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
     };
@@ -522,6 +527,7 @@ fn lower_classes_get_a_small_share_of_steps_with_foreground_work() {
         max_lower_tokens_with_foreground: 8,
         // The base share alone (the deadline has a test of its own).
         session_deadline_steps: 0,
+        session_deadline_ms: 0,
         ..SchedulerConfig::default()
     };
     let mut e = engine(128, config);
@@ -649,12 +655,13 @@ fn step_keeping(e: &mut LlmEngine, keep: &[SeqId]) -> Vec<SeqId> {
 fn the_session_share_grows_to_land_ingest_within_its_deadline_up_to_half_a_step() {
     // Base share 16 of a 128-token step, a deadline of 4 steps: a 160-token ingest prefill
     // takes 40 tokens a step and is done in 4; a 40-token one needs less than the base and
-    // takes 16 a step; a 600-token one is held to half the step (64).
+    // takes 16 a step; a 600-token one is held to half the step (64) until its deadline, then
+    // takes all but a token for each running client request (one runs here: 127).
     let config = share_config(128, 4);
     for (tokens, expected) in [
         (160, vec![40, 40, 40, 40]),
         (40, vec![16, 16, 8]),
-        (600, vec![64, 64, 64, 64, 64, 64]),
+        (600, vec![64, 64, 64, 64, 127, 127]),
     ] {
         let mut e = engine(1024, config.clone());
         let mut rng = Lcg(21);

@@ -33,6 +33,8 @@ pub struct EngineOptions {
     pub session_step_tokens: usize,
     /// Most tokens session work (ingest, warm) computes in one step.
     pub session_chunk_tokens: usize,
+    /// Milliseconds within which session work should finish beside client requests (0: 4 steps).
+    pub session_deadline_ms: u64,
     pub enable_prefix_cache: bool,
 }
 
@@ -236,6 +238,7 @@ fn build_state(
         max_batched_tokens: opts.max_batched_tokens,
         max_lower_tokens_with_foreground: opts.session_step_tokens,
         session_chunk_tokens: opts.session_chunk_tokens,
+        session_deadline_ms: opts.session_deadline_ms,
         max_seqs: config.max_seqs,
         enable_prefix_cache: opts.enable_prefix_cache,
         ..SchedulerConfig::default()

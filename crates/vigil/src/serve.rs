@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// evaluation or a request arriving mid-recompute waits at most one such chunk.
     #[arg(long, default_value_t = 128)]
     session_chunk_tokens: usize,
+    /// Milliseconds within which session work (an ingest batch, a flash evaluation) should
+    /// finish beside client requests: its share of each step grows to what that takes, up to
+    /// half a step, and past the deadline to all but each client's next token. 0: 4 steps.
+    #[arg(long, default_value_t = 2000)]
+    session_deadline_ms: u64,
     /// Sequences running at once.
     #[arg(long, default_value_t = 64)]
     max_seqs: usize,
@@ -136,6 +141,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_batched_tokens: args.max_batched_tokens,
         session_step_tokens: args.session_step_tokens.max(1),
         session_chunk_tokens: args.session_chunk_tokens.max(1),
+        session_deadline_ms: args.session_deadline_ms,
         enable_prefix_cache: !args.no_prefix_cache,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
