@@ -88,7 +88,8 @@ pub async fn run_chat_load(
         output_tokens,
         wall_s,
         output_tok_s: output_tokens as f64 / wall_s.max(1e-9),
-        ttft_ms: Summary::of((ok.iter()).filter_map(|r| r.first_choice.map(|f| ms(r.start, f)))),
+        // The first chunk with text: a server may send a role-only chunk before any token.
+        ttft_ms: Summary::of((ok.iter()).filter_map(|r| r.first_text.map(|f| ms(r.start, f)))),
         e2e_ms: Summary::of(ok.iter().map(|r| ms(r.start, r.end))),
         errors: (done.iter())
             .filter_map(|r| r.error.clone())
