@@ -78,6 +78,7 @@ impl SharedBlockPool {
             salt,
             cached: Vec::new(),
             cache_stopped: false,
+            no_cache_from: usize::MAX,
         }
     }
 
@@ -120,6 +121,10 @@ pub struct BlockTable {
     cached: Vec<CachedBlock>,
     /// Set when a hash collision blocks committing further; cleared by `truncate`.
     cache_stopped: bool,
+    /// Blocks from this token on are never committed to the prefix cache: their KV is not
+    /// what computing the tokens gives (a position-shifted window), and so is every block
+    /// computed after them. Kept by forks and truncation.
+    no_cache_from: usize,
 }
 
 impl BlockTable {
@@ -244,6 +249,7 @@ impl BlockTable {
             salt: self.salt,
             cached: self.cached.clone(),
             cache_stopped: self.cache_stopped,
+            no_cache_from: self.no_cache_from,
         }
     }
 
@@ -268,7 +274,7 @@ impl BlockTable {
     /// a cached block is promised to hold their KV). Returns the committed block count.
     pub fn commit_full_blocks(&mut self, tokens: &[u32]) -> usize {
         let bs = self.block_size;
-        let full = tokens.len().min(self.num_tokens) / bs;
+        let full = tokens.len().min(self.num_tokens).min(self.no_cache_from) / bs;
         let mut pool = self.pool.0.borrow_mut();
         while !self.cache_stopped && self.cached.len() < full {
             let i = self.cached.len();
@@ -280,6 +286,11 @@ impl BlockTable {
             }
         }
         self.cached.len()
+    }
+
+    /// Keep the blocks from token `pos` on out of the prefix cache (see `no_cache_from`).
+    pub fn stop_caching_from(&mut self, pos: usize) {
+        self.no_cache_from = self.no_cache_from.min(pos);
     }
 
     /// Shape checks for the invariant checker.

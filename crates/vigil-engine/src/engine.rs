@@ -3,7 +3,7 @@
 
 use crate::block_table::{OutOfBlocks, SharedBlockPool};
 use crate::model_runner::{ModelRunner, RowUse};
-use crate::pins::{PinSave, PinStore, PinUse};
+use crate::pins::{PinKey, PinSave, PinStore, PinUse};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::sequence::{FinishReason, Priority, SeqId, SeqStatus, Sequence, StopCriteria};
@@ -108,6 +108,47 @@ impl LlmEngine {
                 self.save_to_pin(&mut seq);
             }
         }
+    }
+
+    /// Cut tokens `keep .. keep + drop` out of pin `key` and move the tokens after them back
+    /// `drop` positions, re-rotating their keys (the approximate position shift of a session
+    /// window: no recompute, but the moved KV still saw the cut tokens). The new blocks stay
+    /// out of the prefix cache. False, changing nothing, when the pin does not hold KV for all
+    /// its tokens or the pool lacks the blocks: the caller then recomputes.
+    pub fn shift_pin(&mut self, key: PinKey, keep: usize, drop: usize) -> bool {
+        let Some(pin) = self.pins.get(key) else {
+            return false;
+        };
+        let (Some(old), n) = (pin.table.as_ref(), pin.tokens.len()) else {
+            return false;
+        };
+        if old.num_tokens() < n || keep + drop > n || drop == 0 {
+            return false;
+        }
+        let tail = n - keep - drop;
+        let mut table = old.fork();
+        table.truncate(keep);
+        let Ok(appended) = table.append_slots(tail) else {
+            return false;
+        };
+        if let Some(c) = appended.copy {
+            self.runner
+                .kv
+                .copy_block(c.src_block, c.dst_block, c.num_tokens);
+        }
+        let moves: Vec<(usize, usize)> = (appended.slots.iter().enumerate())
+            .filter_map(|(i, &dst)| old.slot(keep + drop + i).map(|src| (src, dst)))
+            .collect();
+        debug_assert_eq!(moves.len(), tail);
+        let runner = &mut self.runner;
+        runner
+            .model
+            .shift_kv(&mut runner.kv, &moves, -(drop as i64));
+        table.stop_caching_from(keep);
+        let mut tokens = pin.tokens[..keep].to_vec();
+        tokens.extend_from_slice(&pin.tokens[keep + drop..]);
+        self.pins.save(key, tokens, table);
+        true
     }
 
     /// Replace the sequence's pin with its KV: the tokens its `PinSave` keeps, cut to what

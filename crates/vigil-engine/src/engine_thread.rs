@@ -58,6 +58,9 @@ pub enum RequestEvent {
         num_output_tokens: usize,
         /// With `score_prompt_from`: the pick after each scored prompt row (token, top).
         prompt_scores: Vec<(u32, Vec<(u32, f32)>)>,
+        /// For a request that saves to a session pin: the KV tokens the pin holds after the
+        /// save (the caller commits its mirror on this reply).
+        pin_tokens: Option<usize>,
     },
     /// The engine could not run the request (an internal fault, reported not panicked).
     Failed(String),
@@ -75,6 +78,13 @@ enum Command {
     /// Release a session's pinned KV.
     DropPin {
         key: PinKey,
+    },
+    /// Position-shift a pin (`LlmEngine::shift_pin`); replies whether it did.
+    ShiftPin {
+        key: PinKey,
+        keep: usize,
+        drop: usize,
+        reply: tokio::sync::oneshot::Sender<bool>,
     },
 }
 
@@ -244,6 +254,23 @@ impl EngineHandle {
             .map_err(|_| EngineGone)
     }
 
+    /// Cut tokens `keep .. keep + drop` out of a pin, moving the rest back with re-rotated
+    /// keys (`LlmEngine::shift_pin`); whether it was done. Applied between steps, before any
+    /// request submitted after it.
+    pub async fn shift_pin(&self, key: PinKey, keep: usize, drop: usize) -> bool {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let cmd = Command::ShiftPin {
+            key,
+            keep,
+            drop,
+            reply,
+        };
+        if self.commands.send(cmd).is_err() {
+            return false;
+        }
+        rx.await.unwrap_or(false)
+    }
+
     /// Resident KV tokens of a pin, as of the last step (0 when unknown or evicted).
     pub fn pin_kv_tokens(&self, key: PinKey) -> usize {
         let map = self.pin_kv.lock().unwrap_or_else(|e| e.into_inner());
@@ -358,6 +385,14 @@ impl EngineLoop {
             Command::DropPin { key } => {
                 self.engine.pins.remove(key);
             }
+            Command::ShiftPin {
+                key,
+                keep,
+                drop,
+                reply,
+            } => {
+                let _ = reply.send(self.engine.shift_pin(key, keep, drop));
+            }
         }
     }
 
@@ -456,6 +491,9 @@ impl EngineLoop {
                     // published before the caller hears of the finish, so a caller that reads
                     // it next (a second warm) sees the save.
                     Self::publish_pins(&self.engine.pins, &self.pin_kv, &mut self.published_pins);
+                    let pin_tokens = (seq.pin)
+                        .filter(|p| p.save.is_some())
+                        .map(|p| self.engine.pins.get(p.key).map_or(0, |k| k.num_kv_tokens()));
                     st.prompt_tokens
                         .fetch_add(seq.num_prompt_tokens as u64, Ordering::Relaxed);
                     st.prefix_cached_tokens
@@ -468,6 +506,7 @@ impl EngineLoop {
                         prompt_scores: (seq.prompt_scores.into_iter())
                             .map(|s| (s.token, s.top_logprobs))
                             .collect(),
+                        pin_tokens,
                     });
                 }
                 self.by_seq.remove(&out.seq_id);

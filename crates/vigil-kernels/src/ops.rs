@@ -31,6 +31,17 @@ thread_local! {
 /// entries. `interleaved` pairs `(2i, 2i+1)`; otherwise `(i, i + head_dim/2)` (NeoX / HF).
 /// The angles' sines and cosines are computed once for all heads.
 pub fn rope(x: &mut [f32], head_dim: usize, pos: u32, inv_freq: &[f32], interleaved: bool) {
+    rotate(x, head_dim, pos as f32, inv_freq, interleaved);
+}
+
+/// Rotate keys already rotated to their positions by `delta` more positions (negative moves
+/// them back): rotations compose, so a key at `p` becomes the key at `p + delta`, up to
+/// rounding. The position shift of a session window uses it (llama.cpp's context shift).
+pub fn rope_shift(x: &mut [f32], head_dim: usize, delta: i64, inv_freq: &[f32], interleaved: bool) {
+    rotate(x, head_dim, delta as f32, inv_freq, interleaved);
+}
+
+fn rotate(x: &mut [f32], head_dim: usize, pos: f32, inv_freq: &[f32], interleaved: bool) {
     let half = head_dim / 2;
     ROPE_SIN_COS.with(|cell| {
         let mut sin_cos = cell.borrow_mut();
@@ -39,7 +50,7 @@ pub fn rope(x: &mut [f32], head_dim: usize, pos: u32, inv_freq: &[f32], interlea
             inv_freq
                 .iter()
                 .take(half)
-                .map(|&freq| (pos as f32 * freq).sin_cos()),
+                .map(|&freq| (pos * freq).sin_cos()),
         );
         for head in x.chunks_exact_mut(head_dim) {
             for (i, &(sin, cos)) in sin_cos.iter().enumerate() {
@@ -163,6 +174,24 @@ mod tests {
                     assert_eq!(got[o + a], head[a] * cos - head[b] * sin);
                     assert_eq!(got[o + b], head[a] * sin + head[b] * cos);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_shifted_key_matches_the_key_rotated_at_its_new_position() {
+        let head_dim = 16;
+        let inv_freq: Vec<f32> = (0..head_dim / 2)
+            .map(|i| 10000f32.powf(-2.0 * i as f32 / head_dim as f32))
+            .collect();
+        for interleaved in [false, true] {
+            let raw: Vec<f32> = (0..2 * head_dim).map(|i| (i as f32 * 0.37).sin()).collect();
+            let (mut at_new, mut shifted) = (raw.clone(), raw.clone());
+            rope(&mut at_new, head_dim, 1000, &inv_freq, interleaved);
+            rope(&mut shifted, head_dim, 1700, &inv_freq, interleaved);
+            rope_shift(&mut shifted, head_dim, -700, &inv_freq, interleaved);
+            for (a, b) in at_new.iter().zip(&shifted) {
+                assert!((a - b).abs() < 2e-3, "{a} vs {b}");
             }
         }
     }

@@ -87,4 +87,42 @@ impl KvCache {
                 .for_each(|t| t.copy_within(s..s + n, d)),
         }
     }
+
+    /// Move KV rows (`moves`: source slot, destination slot) in every layer, rotating each
+    /// key by `delta` positions with `rotate` on the way (values are copied as they are): a
+    /// window's retained tokens moved to the positions they take once the evicted tokens are
+    /// gone. Sources and destinations must not overlap.
+    pub fn move_rows_rotating_keys(
+        &mut self,
+        moves: &[(usize, usize)],
+        rotate: impl Fn(&mut [f32]),
+    ) {
+        fn each<E: Copy>(
+            layers: &mut [[Vec<E>; 2]],
+            moves: &[(usize, usize)],
+            d: usize,
+            to: impl Fn(E) -> f32,
+            from: impl Fn(f32) -> E,
+            rotate: &dyn Fn(&mut [f32]),
+        ) {
+            let mut row = vec![0f32; d];
+            for [k, v] in layers.iter_mut() {
+                for &(src, dst) in moves {
+                    for (r, e) in row.iter_mut().zip(&k[src * d..(src + 1) * d]) {
+                        *r = to(*e);
+                    }
+                    rotate(&mut row);
+                    for (e, r) in k[dst * d..(dst + 1) * d].iter_mut().zip(&row) {
+                        *e = from(*r);
+                    }
+                    v.copy_within(src * d..(src + 1) * d, dst * d);
+                }
+            }
+        }
+        let d = self.kv_dim;
+        match &mut self.layers {
+            KvLayers::F16(l) => each(l, moves, d, f16::to_f32, f16::from_f32, &rotate),
+            KvLayers::F32(l) => each(l, moves, d, |x| x, |x| x, &rotate),
+        }
+    }
 }

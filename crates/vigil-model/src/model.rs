@@ -69,6 +69,18 @@ impl Model {
         }
     }
 
+    /// Move KV rows (source slot, destination slot) `delta` positions, re-rotating the keys
+    /// with this model's RoPE (see `KvCache::move_rows_rotating_keys`). The moved tokens'
+    /// KV still reflects the context they were computed in: an approximation.
+    pub fn shift_kv(&self, kv: &mut KvCache, moves: &[(usize, usize)], delta: i64) {
+        let c = &self.config;
+        let interleaved = c.rope_style == RopeStyle::Interleaved;
+        let inv_freq = &self.weights.rope_inv_freq;
+        kv.move_rows_rotating_keys(moves, |row| {
+            vigil_kernels::ops::rope_shift(row, c.head_dim, delta, inv_freq, interleaved)
+        });
+    }
+
     /// Run one step; returns `sample_rows.len() × vocab` logits.
     pub fn forward(&mut self, input: &StepInput, kv: &mut KvCache) -> &[f32] {
         let c = &self.config;

@@ -346,6 +346,7 @@ async fn drive(
                 num_cached_tokens,
                 num_output_tokens,
                 prompt_scores,
+                ..
             } => {
                 let tail = detok.flush();
                 let text = stops.finish(&tail);

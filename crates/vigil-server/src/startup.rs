@@ -264,7 +264,7 @@ fn build_state(
         started,
         ready: AtomicBool::new(false),
         config,
-        metrics: ServerMetrics::default(),
+        metrics: Arc::new(ServerMetrics::default()),
         tool_format,
         supports_thinking,
         token_texts: std::sync::OnceLock::new(),

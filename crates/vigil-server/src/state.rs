@@ -41,7 +41,7 @@ pub struct AppState {
     pub started: Instant,
     pub ready: AtomicBool,
     pub config: ServerConfig,
-    pub metrics: ServerMetrics,
+    pub metrics: Arc<ServerMetrics>,
     pub tool_format: Option<vigil_model::tool_parser::ToolCallFormat>,
     pub supports_thinking: bool,
     /// Each token's text alone, built on first use (constrained decoding).

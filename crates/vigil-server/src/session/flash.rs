@@ -1,23 +1,21 @@
 //! Flash queries: questions registered on a session and answered in the background after
 //! every ingested batch, so a `generate` asking one is answered at once.
 //!
-//! One evaluator task per session. It wakes on a new `data_version` (or a new query), and
-//! evaluates every query that is not yet current at the newest version only: versions that
+//! The session's actor starts a round when a query is behind the newest `data_version` and
+//! none runs, and evaluates every query not yet current at that version only: versions that
 //! arrived while a round ran are skipped and counted, so evaluation never queues behind the
-//! stream. Each evaluation is a greedy `Ingest`-class request on a fork of the session's KV (the
-//! same rendering and sampling a cold `generate` with temperature 0 uses), so a round submitted
-//! after batch k runs before batch k+1, and foreground requests still come first.
+//! stream. Each evaluation is a greedy `Flash`-class request on a fork of the session's KV
+//! (the same tokens and sampling a cold `generate` with temperature 0 uses), so a round
+//! started after batch k runs before batch k+1, and foreground requests still come first.
 
-use super::state::Session;
+use super::actor::{JobResult, Lookup, SessionActor};
+use super::engine_work::{greedy, Job, JobDone, SessionDeps};
+use super::state::Layout;
 use crate::error::ApiError;
-use crate::generate::{self, GenParams};
-use crate::state::SharedState;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::oneshot;
-use vigil_engine::pins::PinUse;
+use vigil_engine::pins::{PinKey, PinUse};
 use vigil_engine::sampling::SamplingParams;
 use vigil_engine::sequence::{FinishReason, Priority};
 use vigil_model::tokenizer::IncrementalDetokenizer;
@@ -49,6 +47,32 @@ pub struct FlashQuery {
     pub eval_ms: f64,
     /// Why the last evaluation could not run; the query is parked until a newer version.
     pub error: Option<FlashError>,
+    /// The question wrapped for each layout, tokenized when it was registered.
+    pub wrapped: Wrapped,
+}
+
+/// A question's tokens after a context at `Layout::Data` and at `Layout::Chat`.
+#[derive(Debug, Clone, Default)]
+pub struct Wrapped {
+    pub data: Vec<u32>,
+    pub chat: Vec<u32>,
+}
+
+impl Wrapped {
+    pub fn at(&self, layout: Layout) -> &[u32] {
+        match layout {
+            Layout::Data => &self.data,
+            Layout::Chat => &self.chat,
+        }
+    }
+}
+
+/// A query to register: its text, answer length, own token count and wrapped tokens.
+pub struct FlashSpec {
+    pub query: String,
+    pub max_tokens: usize,
+    pub tokens: usize,
+    pub wrapped: Wrapped,
 }
 
 /// A parked flash query: its evaluation at `data_version` could not start (or ended without
@@ -118,146 +142,240 @@ pub fn logit_gap(top: &[(u32, f32)]) -> f32 {
     }
 }
 
-/// The evaluator loop; ends when the session is deleted.
-pub async fn run_evaluator(state: SharedState, session: Arc<Session>) {
-    // The version each query was last evaluated at is on the query; this is the round's.
-    loop {
-        let wake = session.flash_wake.notified();
-        if session.is_deleted() {
-            return;
-        }
-        let due = due_queries(&session);
-        if due.is_empty() {
-            wake.await;
-            continue;
-        }
-        evaluate_round(&state, &session, due).await;
-    }
-}
-
+/// A query due for evaluation, as the round's task sees it.
 struct Due {
     id: u64,
-    query: String,
+    prompt: Vec<u32>,
     max_tokens: usize,
     /// The previous answer, if any: verified as a draft before anything is decoded.
     draft: Option<(Vec<u32>, FinishReason)>,
 }
 
-fn due_queries(session: &Session) -> Vec<Due> {
-    let st = session.lock();
-    let v = st.data_version;
-    // Before any data (version 0) there is nothing to answer about.
-    if v == 0 {
-        return Vec::new();
-    }
-    (st.flash.iter())
-        .filter(|q| q.due_at(v))
-        .map(|q| Due {
-            id: q.id,
-            query: q.query.clone(),
-            max_tokens: q.max_tokens,
-            draft: (q.answer.as_ref()).map(|a| (a.ids.clone(), a.finish)),
-        })
-        .collect()
+/// What a round reports back to the actor.
+pub struct RoundResult {
+    version: u64,
+    started: Instant,
+    results: Vec<(u64, Result<Evaluated, ApiError>)>,
 }
 
-async fn evaluate_round(state: &SharedState, session: &Arc<Session>, due: Vec<Due>) {
-    let (mirror, version, layout) = {
-        let st = session.lock();
-        (st.mirror(), st.data_version, st.layout)
-    };
-    let wrap = session.settings.wraps.at(layout);
-    let started = Instant::now();
-    let mut jobs = Vec::new();
-    for d in due {
-        let text = format!("{}{}{}", wrap.before, d.query, wrap.after);
-        let q_tokens = match crate::cpu_jobs::encode(state, text, false, "query").await {
-            Ok(t) => t,
-            Err(e) => {
-                park(state, session, d.id, version, &e);
-                continue;
-            }
+/// One evaluation's answer.
+struct Evaluated {
+    ids: Vec<u32>,
+    finish: FinishReason,
+    first_top: Vec<(u32, f32)>,
+    value: String,
+}
+
+impl SessionActor {
+    pub(super) fn add_flash(&mut self, spec: FlashSpec) -> Result<Value, ApiError> {
+        let st = &mut self.st;
+        st.touch();
+        if st.flash.iter().any(|q| q.query == spec.query) {
+            return Err(super::conflict(
+                "this flash query is already registered on the session",
+            ));
+        }
+        if st.flash.len() >= MAX_FLASH_QUERIES {
+            return Err(super::conflict(format!(
+                "a session holds at most {MAX_FLASH_QUERIES} flash queries; delete one first"
+            )));
+        }
+        let q = FlashQuery {
+            id: st.next_flash_id,
+            query: spec.query,
+            max_tokens: spec.max_tokens,
+            tokens: spec.tokens,
+            answer: None,
+            evaluations: 0,
+            skipped: 0,
+            eval_ms: 0.0,
+            error: None,
+            wrapped: spec.wrapped,
         };
-        let mut base = mirror.clone();
-        base.extend(q_tokens);
-        let id = d.id;
-        jobs.push(async move { (id, evaluate(state, session, base, d).await) });
+        st.next_flash_id += 1;
+        let v = q.to_json(st.data_version);
+        st.flash.push(q);
+        Ok(v)
     }
-    for (id, result) in futures_util::future::join_all(jobs).await {
-        let answer = match result {
-            Ok(a) => a,
-            Err(e) => {
-                if !session.is_deleted() {
-                    park(state, session, id, version, &e);
+
+    pub(super) fn list_flash(&mut self) -> Value {
+        self.st.touch();
+        let v = self.st.data_version;
+        let data: Vec<Value> = self.st.flash.iter().map(|q| q.to_json(v)).collect();
+        json!({"object": "list", "data": data, "data_version": v})
+    }
+
+    pub(super) fn delete_flash(&mut self, id: u64) -> Result<Value, ApiError> {
+        let st = &mut self.st;
+        st.touch();
+        let before = st.flash.len();
+        st.flash.retain(|q| q.id != id);
+        if st.flash.len() == before {
+            return Err(ApiError::not_found(format!(
+                "flash query `{id}` not found on session `{}`",
+                self.head.id
+            )));
+        }
+        Ok(
+            json!({"id": id, "object": "session.flash_query.deleted", "deleted": true, "remaining": st.flash.len()}),
+        )
+    }
+
+    pub(super) fn lookup(&self, id: Option<u64>, query: &str) -> Lookup {
+        let q = match id {
+            Some(fid) => match self.st.flash.iter().find(|q| q.id == fid) {
+                Some(q) => q,
+                None => return Lookup::NoSuchId,
+            },
+            None => match self.st.flash.iter().find(|q| q.query == query) {
+                Some(q) => q,
+                None => return Lookup::NotRegistered,
+            },
+        };
+        Lookup::Found {
+            id: q.id,
+            answer: q.answer.clone(),
+            data_version: self.st.data_version,
+        }
+    }
+
+    /// Start a round for every query behind the newest version (none before any data).
+    pub(super) fn start_round(&mut self) {
+        let v = self.st.data_version;
+        if v == 0 {
+            return;
+        }
+        let mirror = self.st.mirror();
+        let layout = self.st.layout;
+        let due: Vec<Due> = (self.st.flash.iter())
+            .filter(|q| q.due_at(v))
+            .map(|q| {
+                let mut prompt = mirror.clone();
+                prompt.extend_from_slice(q.wrapped.at(layout));
+                Due {
+                    id: q.id,
+                    prompt,
+                    max_tokens: q.max_tokens,
+                    draft: (q.answer.as_ref()).map(|a| (a.ids.clone(), a.finish)),
                 }
-                continue;
-            }
-        };
-        state
-            .metrics
-            .flash_evaluations
-            .fetch_add(1, Ordering::Relaxed);
-        let answer = FlashAnswer {
-            value: answer_text(state, &answer.base_tail, &answer.ids),
-            ids: answer.ids,
-            finish: answer.finish,
-            data_version: version,
-            confidence: logit_gap(&answer.first_top),
-            evaluated_at: crate::ids::unix_now(),
-        };
-        let event = {
-            let mut st = session.lock();
-            let Some(q) = st.flash.iter_mut().find(|q| q.id == id) else {
+            })
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        self.flash_running = true;
+        let (deps, jobs, pin) = (self.deps.clone(), self.jobs_tx.clone(), self.head.pin);
+        let gone = self.gone.subscribe();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let evaluations = due.into_iter().map(|d| {
+                let (deps, mut gone) = (&deps, gone.clone());
+                async move {
+                    let id = d.id;
+                    let cancelled = async move {
+                        let _ = gone.wait_for(|g| *g).await;
+                    };
+                    tokio::select! {
+                        r = evaluate(deps, pin, d) => (id, r),
+                        () = cancelled => (id, Err(ApiError::not_found("the session was deleted"))),
+                    }
+                }
+            });
+            let results = futures_util::future::join_all(evaluations).await;
+            let _ = jobs.send(JobResult::FlashRound(RoundResult {
+                version: v,
+                started,
+                results,
+            }));
+        });
+    }
+
+    /// Apply a round's answers (a newer answer is never replaced by an older one), then tell
+    /// waiters the round ended.
+    pub(super) fn round_done(&mut self, round: RoundResult) {
+        self.flash_running = false;
+        if *self.gone.borrow() {
+            return;
+        }
+        let metrics = self.deps.metrics.clone();
+        let version = round.version;
+        for (id, result) in round.results {
+            let answer = match result {
+                Ok(a) => a,
+                Err(e) => {
+                    self.park(id, version, &e);
+                    continue;
+                }
+            };
+            metrics.flash_evaluations.fetch_add(1, Ordering::Relaxed);
+            let answer = FlashAnswer {
+                value: answer.value,
+                ids: answer.ids,
+                finish: answer.finish,
+                data_version: version,
+                confidence: logit_gap(&answer.first_top),
+                evaluated_at: crate::ids::unix_now(),
+            };
+            let Some(q) = self.st.flash.iter_mut().find(|q| q.id == id) else {
                 continue;
             };
             let previous = q.answer.as_ref().map(|a| (a.data_version, a.value.clone()));
             if previous.as_ref().is_some_and(|(v, _)| *v >= version) {
                 continue;
             }
-            let skipped = previous
-                .as_ref()
-                .map_or(0, |(v, _)| version.saturating_sub(v + 1));
+            let skipped = (previous.as_ref()).map_or(0, |(v, _)| version.saturating_sub(v + 1));
             q.skipped += skipped;
-            state
-                .metrics
-                .flash_skipped
-                .fetch_add(skipped, Ordering::Relaxed);
+            metrics.flash_skipped.fetch_add(skipped, Ordering::Relaxed);
             q.evaluations += 1;
             q.error = None;
-            q.eval_ms = started.elapsed().as_secs_f64() * 1000.0;
+            q.eval_ms = round.started.elapsed().as_secs_f64() * 1000.0;
             let changed = previous.is_none_or(|(_, v)| v != answer.value);
             q.answer = Some(answer);
-            changed.then(|| q.ready_event()).flatten()
-        };
-        if let Some(data) = event {
-            session.events.publish("flash_ready", data);
+            if let Some(data) = changed.then(|| q.ready_event()).flatten() {
+                self.events.publish("flash_ready", data);
+            }
         }
+        self.rounds.send_modify(|n| *n += 1);
     }
-    session.flash_done.send_modify(|n| *n += 1);
+
+    /// Park query `id` at `version` with the reason its evaluation did not run, and tell the
+    /// session's streams (`error` event). It is skipped until the data moves on.
+    fn park(&mut self, id: u64, version: u64, err: &ApiError) {
+        tracing::warn!(session = %self.head.id, flash_id = id, "flash evaluation parked: {}", err.message);
+        let Some(q) = self.st.flash.iter_mut().find(|q| q.id == id) else {
+            return;
+        };
+        q.error = Some(FlashError {
+            message: err.message.clone(),
+            code: err.code,
+            data_version: version,
+        });
+        let event = json!({
+            "type": "flash_error",
+            "message": err.message,
+            "code": err.status.as_u16(),
+            "error_code": err.code,
+            "flash_id": id,
+            "query": q.query,
+            "data_version": version,
+        });
+        self.deps
+            .metrics
+            .flash_errors
+            .fetch_add(1, Ordering::Relaxed);
+        self.events.publish("error", event);
+    }
 }
 
-/// One evaluation's result before it is turned into text.
-struct Evaluated {
-    ids: Vec<u32>,
-    finish: FinishReason,
-    first_top: Vec<(u32, f32)>,
-    /// The last prompt tokens, the detokenizer's left context.
-    base_tail: Vec<u32>,
-}
-
-/// Answer `d` on `base` (the data and the wrapped question), exactly as a greedy decode from
-/// `base` would. With a previous answer, that answer is appended as a draft and every row of
-/// it scored in one pass: the longest prefix the model still picks is kept, and decoding goes
-/// on from there only if it diverged (or had not ended). Answers change rarely while data
-/// streams in, so most evaluations cost one prefill of the question and the draft instead of
-/// `max_tokens` decode steps.
-async fn evaluate(
-    state: &SharedState,
-    session: &Arc<Session>,
-    base: Vec<u32>,
-    d: Due,
-) -> Result<Evaluated, ApiError> {
+/// Answer `d` exactly as a greedy decode from its prompt would. With a previous answer, that
+/// answer is appended as a draft and every row of it scored in one pass: the longest prefix
+/// the model still picks is kept, and decoding goes on from there only if it diverged (or had
+/// not ended). Answers change rarely while data streams in, so most evaluations cost one
+/// prefill of the question and the draft instead of `max_tokens` decode steps.
+async fn evaluate(deps: &SessionDeps, pin: PinKey, d: Due) -> Result<Evaluated, ApiError> {
+    let base = d.prompt;
     let base_tail = base[base.len().saturating_sub(4)..].to_vec();
+    let metrics = &deps.metrics;
     let mut accepted = Vec::new();
     let mut first_top = None;
     if let Some((draft, finish)) = d.draft.filter(|(ids, _)| !ids.is_empty()) {
@@ -267,7 +385,7 @@ async fn evaluate(
         let mut sampling = greedy(2);
         sampling.score_prompt_from = Some(base.len() - 1);
         // A draft that does not fit (or a failed pass) only costs the shortcut.
-        let scores = match run_on_fork(state, session, prompt, sampling, 1).await {
+        let scores = match on_fork(deps, pin, prompt, sampling, 1).await {
             Ok(verified) => verified.prompt_scores,
             Err(_) => Vec::new(),
         };
@@ -277,19 +395,17 @@ async fn evaluate(
                 .take_while(|((pick, _), &t)| *pick == t)
                 .count();
             first_top = scores.first().map(|(_, top)| top.clone());
-            state.metrics.flash_drafts.fetch_add(1, Ordering::Relaxed);
-            state
-                .metrics
-                .flash_draft_tokens
-                .fetch_add(kept as u64, Ordering::Relaxed);
+            metrics.flash_drafts.fetch_add(1, Ordering::Relaxed);
+            (metrics.flash_draft_tokens).fetch_add(kept as u64, Ordering::Relaxed);
             let ended = finish == FinishReason::Stop || draft.len() == d.max_tokens;
             if kept == draft.len() && ended {
-                state.metrics.flash_verified.fetch_add(1, Ordering::Relaxed);
+                metrics.flash_verified.fetch_add(1, Ordering::Relaxed);
+                let value = answer_text(deps, &base_tail, &draft);
                 return Ok(Evaluated {
                     ids: draft,
                     finish,
                     first_top: first_top.unwrap_or_default(),
-                    base_tail,
+                    value,
                 });
             }
             accepted = draft[..kept].to_vec();
@@ -298,88 +414,48 @@ async fn evaluate(
     let mut prompt = base;
     prompt.extend_from_slice(&accepted);
     let left = d.max_tokens - accepted.len();
-    let decoded = run_on_fork(state, session, prompt, greedy(2), left).await?;
+    let decoded = on_fork(deps, pin, prompt, greedy(2), left).await?;
     let first_top = first_top.unwrap_or(decoded.first_top);
-    accepted.extend(decoded.output_ids);
+    accepted.extend(decoded.ids);
+    let value = answer_text(deps, &base_tail, &accepted);
     Ok(Evaluated {
         ids: accepted,
         finish: decoded.reason,
         first_top,
-        base_tail,
+        value,
     })
 }
 
-/// A greedy `Ingest`-class request on a fork of the session's KV; what it finished with.
-async fn run_on_fork(
-    state: &SharedState,
-    session: &Session,
+/// A greedy `Flash`-class request on a fork of the session's KV (it saves nothing). Above
+/// the data plane: an evaluation runs before the next batch's prefill.
+async fn on_fork(
+    deps: &SessionDeps,
+    pin: PinKey,
     prompt: Vec<u32>,
     sampling: SamplingParams,
     max_tokens: usize,
-) -> Result<generate::Finished, ApiError> {
-    let (tx, rx) = oneshot::channel();
-    let mut params = GenParams::new(prompt, sampling, Some(max_tokens));
-    // Above the data plane: an evaluation runs before the next batch's prefill (the batches
-    // wait while it runs), and coalescing keeps rounds from queueing.
-    params.priority = Priority::Flash;
-    params.pin = Some(PinUse {
-        key: session.pin,
-        save: None,
-        save_on_abort: false,
-    });
-    params.on_finish = Some(Box::new(move |f| {
-        let _ = tx.send(f);
-    }));
-    let mut events = generate::start(state, params)?;
-    while events.recv().await.is_some() {}
-    match rx.await {
-        Ok(Some(finished)) => Ok(finished),
-        _ => Err(ApiError::internal("the evaluation ended without an answer")),
-    }
+) -> Result<JobDone, ApiError> {
+    let job = Job {
+        prompt,
+        sampling,
+        max_tokens,
+        ignore_eos: false,
+        priority: Priority::Flash,
+        pin: PinUse {
+            key: pin,
+            save: None,
+            save_on_abort: false,
+        },
+    };
+    (deps.run(job, std::future::pending()).await?)
+        .ok_or_else(|| ApiError::internal("the evaluation ended without an answer"))
 }
 
 /// The text a streamed generation of `ids` after `base_tail` shows (the same incremental
 /// detokenization, so a flash answer reads exactly as a cold generate's).
-fn answer_text(state: &SharedState, base_tail: &[u32], ids: &[u32]) -> String {
-    let mut detok = IncrementalDetokenizer::new(&state.tokenizer, base_tail, true);
+fn answer_text(deps: &SessionDeps, base_tail: &[u32], ids: &[u32]) -> String {
+    let mut detok = IncrementalDetokenizer::new(&deps.tokenizer, base_tail, true);
     let mut text: String = ids.iter().filter_map(|&id| detok.push(id).ok()).collect();
     text.push_str(&detok.flush());
     text
-}
-
-/// Park query `id` at `version` with the reason its evaluation did not run, and tell the
-/// session's streams (`error` event). The evaluator skips it until the data moves on.
-fn park(state: &SharedState, session: &Session, id: u64, version: u64, err: &ApiError) {
-    tracing::warn!(session = %session.id, flash_id = id, "flash evaluation parked: {}", err.message);
-    let event = {
-        let mut st = session.lock();
-        let Some(q) = st.flash.iter_mut().find(|q| q.id == id) else {
-            return;
-        };
-        q.error = Some(FlashError {
-            message: err.message.clone(),
-            code: err.code,
-            data_version: version,
-        });
-        json!({
-            "type": "flash_error",
-            "message": err.message,
-            "code": err.status.as_u16(),
-            "error_code": err.code,
-            "flash_id": id,
-            "query": q.query,
-            "data_version": version,
-        })
-    };
-    state.metrics.flash_errors.fetch_add(1, Ordering::Relaxed);
-    session.events.publish("error", event);
-}
-
-/// Greedy sampling that reports the first token's two best alternatives (for confidence).
-pub fn greedy(top_logprobs: u32) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        logprobs: Some(top_logprobs),
-        ..SamplingParams::default()
-    }
 }

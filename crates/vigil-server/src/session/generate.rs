@@ -3,9 +3,11 @@
 //! Two shortcuts come first: a flash query's cached answer, and with `pre_decode` the
 //! speculative exit from the ready-position distribution.
 
+use super::actor::Lookup;
 use super::flash::FlashAnswer;
+use super::handle::ForegroundGuard;
 use super::layout;
-use super::state::Session;
+use super::Session;
 use crate::error::{ApiError, Flavor};
 use crate::extract::parse_body;
 use crate::generate::{self, Finish, GenEvent, GenParams, Usage};
@@ -55,24 +57,6 @@ struct GenerateRequest {
     max_staleness: Option<u64>,
 }
 
-/// Decrements the session's foreground count when the request ends, however it ends.
-pub struct ForegroundGuard(pub Arc<Session>);
-
-impl ForegroundGuard {
-    pub fn new(session: Arc<Session>) -> Self {
-        session.lock().foreground += 1;
-        ForegroundGuard(session)
-    }
-}
-
-impl Drop for ForegroundGuard {
-    fn drop(&mut self) {
-        let mut st = self.0.lock();
-        st.foreground = st.foreground.saturating_sub(1);
-        st.touch();
-    }
-}
-
 pub async fn generate(
     State(state): State<SharedState>,
     Path(id): Path<String>,
@@ -94,17 +78,14 @@ async fn generate_inner(
     let question = match (req.prompt.as_deref(), req.flash_id) {
         (Some(p), _) if !p.is_empty() => p.to_string(),
         // `flash_id` alone asks that query (generated, if its answer cannot be served).
-        (None, Some(fid)) => {
-            let st = session.lock();
-            match st.flash.iter().find(|q| q.id == fid) {
-                Some(q) => q.query.clone(),
-                None => {
-                    return Err(ApiError::not_found(format!(
-                        "flash query `{fid}` not found on session `{id}`"
-                    )))
-                }
+        (None, Some(fid)) => match session.flash_query(fid).await? {
+            Some(q) => q,
+            None => {
+                return Err(ApiError::not_found(format!(
+                    "flash query `{fid}` not found on session `{id}`"
+                )))
             }
-        }
+        },
         _ => {
             return Err(ApiError::invalid(
                 "prompt",
@@ -172,15 +153,15 @@ async fn generate_inner(
         ));
     }
     if let (true, true, Some(cands)) = (shortcuts, session.settings.pre_decode, &req.fast_answer) {
-        if let Some(hit) = speculative(state, &session, cands, req.gap_threshold.unwrap_or(2.0)) {
+        let threshold = req.gap_threshold.unwrap_or(2.0);
+        if let Some(hit) = speculative(state, &session, cands, threshold).await? {
             return Ok(shortcut_response(state, &session, &gen_id, hit, stream));
         }
     }
 
-    let (mirror, version, layout_now) = {
-        let st = session.lock();
-        (st.mirror(), st.data_version, st.layout)
-    };
+    let guard = ForegroundGuard::new(session.clone());
+    let ctx = session.context().await?;
+    let (mirror, version, layout_now) = (ctx.mirror, ctx.data_version, ctx.layout);
     let wraps = custom_wrap
         .as_ref()
         .map_or(&session.settings.wraps, |c| &c.1);
@@ -189,7 +170,6 @@ async fn generate_inner(
     let q_tokens = crate::cpu_jobs::encode(state, text, false, "prompt").await?;
     let mut prompt = mirror;
     prompt.extend(q_tokens);
-    let guard = ForegroundGuard::new(session.clone());
     let mut gp = GenParams::new(prompt, sampling, max);
     gp.stop_strings = stop;
     gp.ignore_eos = req.ignore_eos.unwrap_or(false);
@@ -327,27 +307,25 @@ async fn flash_answer(
     w: FlashWanted<'_>,
 ) -> Result<Option<Shortcut>, ApiError> {
     let demanded = w.min_data_version.is_some() || w.max_staleness.is_some();
-    let mut done = session.flash_done.subscribe();
+    let mut done = session.rounds();
     let deadline = tokio::time::Instant::now() + FRESHNESS_WAIT;
     loop {
-        let (found, current) = {
-            let st = session.lock();
-            let q = match w.flash_id {
-                Some(fid) => match st.flash.iter().find(|q| q.id == fid) {
-                    Some(q) => Some(q),
-                    None => {
-                        return Err(ApiError::not_found(format!(
-                            "flash query `{fid}` not found on session `{}`",
-                            session.id
-                        )))
-                    }
-                },
-                None => st.flash.iter().find(|q| q.query == w.query),
-            };
-            let Some(q) = q else {
-                return Ok(None);
-            };
-            (q.answer.clone().map(|a| (q.id, a)), st.data_version)
+        // Marked seen before asking, so a round that ends after the answer wakes the wait.
+        done.borrow_and_update();
+        let (found, current) = match session.flash_lookup(w.flash_id, w.query).await? {
+            Lookup::NotRegistered => return Ok(None),
+            Lookup::NoSuchId => {
+                return Err(ApiError::not_found(format!(
+                    "flash query `{}` not found on session `{}`",
+                    w.flash_id.unwrap_or(0),
+                    session.id
+                )))
+            }
+            Lookup::Found {
+                id,
+                answer,
+                data_version,
+            } => (answer.map(|a| (id, a)), data_version),
         };
         let required = w
             .min_data_version
@@ -371,8 +349,7 @@ async fn flash_answer(
                 format!("the session is at data_version {current}; `min_data_version` {required} has not been reached"),
             ));
         }
-        // Wait for the evaluation round in flight (the evaluator is already due to run).
-        session.flash_wake.notify_one();
+        // Wait for the evaluation round in flight (the actor starts one whenever one is due).
         tokio::select! {
             r = tokio::time::timeout_at(deadline, done.changed()) => if r.is_err() {
                 state.metrics.flash_misses.fetch_add(1, Ordering::Relaxed);
@@ -400,20 +377,16 @@ fn flash_shortcut(state: &SharedState, fid: u64, a: FlashAnswer, current: u64) -
 
 /// With `pre_decode`: the candidate whose first token is the ready position's top choice, if
 /// its logit gap clears the threshold.
-fn speculative(
+async fn speculative(
     state: &SharedState,
     session: &Session,
     candidates: &[String],
     threshold: f32,
-) -> Option<Shortcut> {
-    let (token, gap, version) = {
-        let st = session.lock();
-        let (t, g) = st.ready?;
-        (t, g, st.data_version)
+) -> Result<Option<Shortcut>, ApiError> {
+    let (ready, version) = session.ready().await?;
+    let Some((token, gap)) = ready.filter(|(_, g)| *g >= threshold) else {
+        return Ok(None);
     };
-    if gap < threshold {
-        return None;
-    }
     let matching: Vec<&String> = (candidates.iter())
         .filter(|c| {
             state
@@ -425,11 +398,11 @@ fn speculative(
         })
         .collect();
     let [only] = matching.as_slice() else {
-        return None;
+        return Ok(None);
     };
-    Some(Shortcut {
+    Ok(Some(Shortcut {
         text: (*only).clone(),
         data_version: version,
         extra: json!({"speculative": true, "logit_gap": gap}),
-    })
+    }))
 }

@@ -1,23 +1,33 @@
 //! Stateful sessions (LayerScale's Gen 2 API and Vigil's extensions; see docs/sessions.md):
-//! the registry of live sessions, their creation, deletion and idle expiry. Each session has
-//! two tasks: its ingest worker (`ingest.rs`) and its flash evaluator (`flash.rs`).
+//! the registry of live sessions (ids to handles), their creation, deletion and idle expiry.
+//! Each session is an actor (`actor.rs`) that owns its state; routes hold its handle
+//! (`handle.rs`).
 
+pub mod actor;
+pub mod engine_work;
 pub mod events;
 pub mod flash;
 pub mod generate;
+pub mod handle;
 pub mod ingest;
 pub mod layout;
 pub mod routes;
 pub mod state;
 pub mod stream;
+#[cfg(test)]
+pub mod testing;
+#[cfg(test)]
+mod tests;
 pub mod turn;
 
 use crate::error::ApiError;
 use crate::state::SharedState;
 use axum::http::StatusCode;
-use state::{Session, SessionSettings};
+use engine_work::{QueueBudget, SessionDeps};
+pub use handle::Session;
+use state::{Identity, SessionSettings};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,8 +38,7 @@ pub struct SessionRegistry {
     pub max_sessions: usize,
     /// Bytes queued in every session's pending queue (`queued_cost` each), and the most the
     /// server holds (`--max-pending-bytes-total`); a push past it is a 429.
-    pub queued_bytes: AtomicUsize,
-    pub max_queued_bytes: usize,
+    pub budget: Arc<QueueBudget>,
 }
 
 /// Bookkeeping a queued entry costs beyond its text (its token vector and queue slot).
@@ -62,44 +71,11 @@ impl SessionRegistry {
             next_pin: AtomicU64::new(1),
             ttl,
             max_sessions,
-            queued_bytes: AtomicUsize::new(0),
-            max_queued_bytes,
+            budget: Arc::new(QueueBudget::new(max_queued_bytes)),
         }
     }
 
-    /// Take `bytes` of the server-wide queue budget, or say how full it is.
-    pub fn reserve_queued(&self, bytes: usize) -> Result<(), ApiError> {
-        let r = self
-            .queued_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q + bytes <= self.max_queued_bytes).then_some(q + bytes)
-            });
-        match r {
-            Ok(_) => Ok(()),
-            Err(q) => {
-                let mut e = ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limit_error",
-                    format!(
-                        "the server holds {q} bytes of queued session data and this push adds {bytes}; the limit is {} (--max-pending-bytes-total); nothing was queued, retry once ingest catches up",
-                        self.max_queued_bytes
-                    ),
-                );
-                e.retry_after = Some(1);
-                Err(e)
-            }
-        }
-    }
-
-    /// Give back queue budget of entries that left a pending queue.
-    pub fn release_queued(&self, bytes: usize) {
-        let _ = self
-            .queued_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                Some(q.saturating_sub(bytes))
-            });
-    }
-
+    /// The map of ids to handles: held only to look up, insert or remove a handle.
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -120,7 +96,7 @@ impl SessionRegistry {
     /// The session, restarting its idle clock.
     pub fn get(&self, id: &str) -> Result<Arc<Session>, ApiError> {
         let s = self.peek(id)?;
-        s.lock().touch();
+        s.touch();
         Ok(s)
     }
 
@@ -132,13 +108,12 @@ impl SessionRegistry {
         v
     }
 
-    /// Register a session and start its tasks.
+    /// Register a session and start its actor.
     pub fn create(
         &self,
         state: &SharedState,
         id: Option<String>,
         settings: SessionSettings,
-        opening_tokens: Vec<u32>,
     ) -> Result<Arc<Session>, ApiError> {
         let id = match id {
             Some(id) if !valid_id(&id) => {
@@ -150,106 +125,74 @@ impl SessionRegistry {
             Some(id) => id,
             None => crate::ids::new_id("sess_"),
         };
-        let session = {
-            let mut map = self.map();
-            if map.contains_key(&id) {
-                return Err(conflict(format!("session `{id}` already exists")));
-            }
-            if map.len() >= self.max_sessions {
-                return Err(conflict(format!(
-                    "{} live sessions, the most this server keeps (--max-sessions); delete one first",
-                    map.len()
-                )));
-            }
-            let pin = self.next_pin.fetch_add(1, Ordering::Relaxed);
-            let s = Arc::new(Session::new(id.clone(), pin, settings, opening_tokens));
-            map.insert(id, s.clone());
-            state
-                .metrics
-                .sessions_live
-                .store(map.len(), Ordering::Relaxed);
-            s
+        let mut map = self.map();
+        if map.contains_key(&id) {
+            return Err(conflict(format!("session `{id}` already exists")));
+        }
+        if map.len() >= self.max_sessions {
+            return Err(conflict(format!(
+                "{} live sessions, the most this server keeps (--max-sessions); delete one first",
+                map.len()
+            )));
+        }
+        let pin = self.next_pin.fetch_add(1, Ordering::Relaxed);
+        let deps = SessionDeps {
+            engine: state.engine.clone(),
+            tokenizer: state.tokenizer.clone(),
+            max_model_len: state.max_model_len,
+            metrics: state.metrics.clone(),
+            budget: self.budget.clone(),
         };
-        tokio::spawn(ingest::run_ingest(state.clone(), session.clone()));
-        tokio::spawn(flash::run_evaluator(state.clone(), session.clone()));
-        Ok(session)
+        let s = Arc::new(Session::spawn(
+            Identity::new(id.clone(), pin),
+            settings,
+            deps,
+        ));
+        map.insert(id, s.clone());
+        (state.metrics.sessions_live).store(map.len(), Ordering::Relaxed);
+        Ok(s)
+    }
+
+    fn unregister(&self, state: &SharedState, session: &Arc<Session>) {
+        let mut map = self.map();
+        if map
+            .get(&session.id)
+            .is_some_and(|s| Arc::ptr_eq(s, session))
+        {
+            map.remove(&session.id);
+        }
+        (state.metrics.sessions_live).store(map.len(), Ordering::Relaxed);
     }
 
     /// Delete a session: refused with 409 while a foreground request is in flight. Background
     /// work is cancelled, then its KV is released.
     pub async fn delete(&self, state: &SharedState, id: &str) -> Result<(), ApiError> {
         let session = self.peek(id)?;
-        if session.lock().busy() {
-            return Err(conflict(format!(
-                "session `{id}` is busy: a request on it is in flight; retry when it ends"
-            )));
-        }
-        self.remove(state, &session).await;
+        session.delete().await?;
+        self.unregister(state, &session);
         Ok(())
     }
 
-    async fn remove(&self, state: &SharedState, session: &Arc<Session>) {
-        {
-            let mut map = self.map();
-            if map
-                .get(&session.id)
-                .is_some_and(|s| Arc::ptr_eq(s, session))
-            {
-                map.remove(&session.id);
-            }
-            state
-                .metrics
-                .sessions_live
-                .store(map.len(), Ordering::Relaxed);
-        }
-        // Published before the streams are told to end, so each one sends it as its last event.
-        session
-            .events
-            .publish("deleted", serde_json::json!({"session_id": session.id}));
-        session.mark_deleted();
-        let queued: usize = {
-            let mut st = session.lock();
-            let q = st.pending.iter().map(queued_cost).sum();
-            st.pending.clear();
-            st.pending_bytes = 0;
-            q
-        };
-        self.release_queued(queued);
-        // Wait (briefly) for the batch or warm in flight to let go, so no request saves to
-        // the pin after it is dropped; their aborts reach the engine first either way.
-        let _ = tokio::time::timeout(Duration::from_secs(2), session.writer.lock()).await;
-        let _ = state.engine.drop_pin(session.pin);
-    }
-
-    /// End every session's event streams and workers (at shutdown): each stream's last event
-    /// is `shutdown`, saying why.
+    /// End every session's event streams and work (at shutdown): each stream's last event is
+    /// `shutdown`, saying why.
     pub fn close_streams(&self) {
         for s in self.map().values() {
-            s.events.publish(
-                "shutdown",
-                serde_json::json!({"message": "the server is shutting down; reconnect to a running server"}),
-            );
-            s.mark_deleted();
+            s.shutdown();
         }
     }
 
     /// Delete every session idle past the TTL (not one with a request, pending data or an
     /// attached event stream).
     pub async fn expire_idle(&self, state: &SharedState) -> usize {
-        let expired: Vec<Arc<Session>> = (self.map().values())
-            .filter(|s| {
-                let st = s.lock();
-                !st.busy()
-                    && st.pending.is_empty()
-                    && st.subscribers == 0
-                    && st.last_used.elapsed() >= self.ttl
-            })
-            .cloned()
-            .collect();
-        for s in &expired {
-            self.remove(state, s).await;
+        let sessions: Vec<Arc<Session>> = self.map().values().cloned().collect();
+        let mut expired = 0;
+        for s in &sessions {
+            if s.expire_if_idle(self.ttl).await {
+                self.unregister(state, s);
+                expired += 1;
+            }
         }
-        expired.len()
+        expired
     }
 }
 

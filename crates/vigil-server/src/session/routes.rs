@@ -1,10 +1,11 @@
 //! HTTP handlers for session lifecycle, push, the data view and flash query registration.
 //! (`generate`, turns and warm, and the event streams have their own files.)
 
-use super::flash::{FlashQuery, DEFAULT_FLASH_MAX_TOKENS, MAX_FLASH_QUERIES};
+use super::flash::{FlashSpec, Wrapped, DEFAULT_FLASH_MAX_TOKENS};
 use super::ingest;
-use super::state::{Overflow, Session, SessionSettings};
-use super::{conflict, layout};
+use super::layout;
+use super::state::{Overflow, SessionSettings, WindowMode};
+use super::Session;
 use crate::error::{ApiError, Flavor};
 use crate::extract::parse_body;
 use crate::routes::error_response;
@@ -15,8 +16,7 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
-use std::sync::Arc;
+use serde_json::Value;
 
 pub const DEFAULT_MAX_PENDING: usize = 4096;
 pub const DEFAULT_MAX_PENDING_BYTES: usize = 4 << 20;
@@ -30,10 +30,6 @@ fn respond(state: &SharedState, r: Result<Value, ApiError>) -> Response {
     }
 }
 
-pub fn session_json(state: &SharedState, s: &Session, last_used: u64) -> Value {
-    s.to_json(state.engine.pin_kv_tokens(s.pin), last_used)
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateRequest {
@@ -41,6 +37,7 @@ struct CreateRequest {
     pre_decode: Option<bool>,
     window: Option<i64>,
     evict_to: Option<i64>,
+    window_mode: Option<WindowMode>,
     prompt: Option<String>,
     overflow: Option<Overflow>,
     max_pending: Option<i64>,
@@ -71,13 +68,18 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
     // Rendering and tokenizing a client's `prompt` is CPU work: off the async workers.
     let (st, prompt) = (state.clone(), req.prompt.clone());
     crate::cpu_jobs::check_length(state, prompt.as_deref().map_or(0, str::len), "prompt")?;
-    let (opening, wraps) = crate::cpu_jobs::run(state, move || {
+    let (opening, wraps, chat_data_prefix, ready_suffix) = crate::cpu_jobs::run(state, move || {
         let text = layout::opening(&st, prompt.as_deref())?;
         let wraps = layout::Wraps::build(&st, prompt.as_deref())?;
-        let opening = (st.tokenizer.encode(&text, false)).map_err(|e| {
-            ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}"))
-        })?;
-        Ok((opening, wraps))
+        let encode = |t: &str| {
+            (st.tokenizer.encode(t, false)).map_err(|e| {
+                ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}"))
+            })
+        };
+        let opening = encode(&text)?;
+        let chat_data_prefix = encode(&layout::data_prefix(&st, super::state::Layout::Chat)?)?;
+        let ready_suffix = encode(&wraps.data.after)?;
+        Ok((opening, wraps, chat_data_prefix, ready_suffix))
     })
     .await?;
     let room = state
@@ -111,9 +113,16 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
     if room == 0 {
         return Err(ApiError::context_length(opening.len(), state.max_model_len));
     }
+    if req.window_mode.is_some() && window.is_none() {
+        return Err(ApiError::invalid(
+            "window_mode",
+            "`window_mode` needs a `window`",
+        ));
+    }
     let settings = SessionSettings {
         window,
         evict_to,
+        window_mode: req.window_mode.unwrap_or_default(),
         pre_decode: req.pre_decode.unwrap_or(false),
         prompt: req.prompt,
         overflow: req.overflow.unwrap_or(Overflow::DropOldest),
@@ -127,35 +136,30 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
             "max_pending_bytes",
             req.max_pending_bytes,
             DEFAULT_MAX_PENDING_BYTES,
-            state.sessions.max_queued_bytes,
+            state.sessions.budget.max,
         )?,
         wraps,
+        opening,
+        chat_data_prefix,
+        ready_suffix,
     };
-    let s = state.sessions.create(state, req.id, settings, opening)?;
-    let last = s.lock().last_used_unix;
-    Ok(session_json(state, &s, last))
+    let s = state.sessions.create(state, req.id, settings)?;
+    s.describe(false).await
 }
 
 pub async fn list(State(state): State<SharedState>) -> Response {
-    let data: Vec<Value> = (state.sessions.list().iter())
-        .map(|s| {
-            let last = s.lock().last_used_unix;
-            session_json(&state, s, last)
-        })
-        .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
+    let mut data = Vec::new();
+    for s in state.sessions.list() {
+        // One deleted meanwhile is no longer listed.
+        if let Ok(v) = s.describe(false).await {
+            data.push(v);
+        }
+    }
+    Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
 
 pub async fn get(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
-    let r = state.sessions.peek(&id).map(|s| {
-        let last = {
-            let mut st = s.lock();
-            let last = st.last_used_unix;
-            st.touch();
-            last
-        };
-        session_json(&state, &s, last)
-    });
+    let r = async { state.sessions.peek(&id)?.describe(true).await }.await;
     respond(&state, r)
 }
 
@@ -164,7 +168,7 @@ pub async fn delete(State(state): State<SharedState>, Path(id): Path<String>) ->
         .sessions
         .delete(&state, &id)
         .await
-        .map(|()| json!({"id": id, "object": "session.deleted", "deleted": true}));
+        .map(|()| serde_json::json!({"id": id, "object": "session.deleted", "deleted": true}));
     respond(&state, r)
 }
 
@@ -202,7 +206,7 @@ pub async fn push(
         let session = state.sessions.get(&id)?;
         let req: PushRequest = parse_body(body, Flavor::OpenAi)?;
         let entries = ingest::tokenize_entries(&state, push_entries(req.data)?).await?;
-        ingest::push(&state, &session, entries)
+        session.push(entries).await
     }
     .await;
     respond(&state, r)
@@ -210,18 +214,7 @@ pub async fn push(
 
 /// Vigil: the retained entries, in order (what the session's KV holds as data).
 pub async fn data(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
-    let r = state.sessions.peek(&id).map(|s| {
-        let st = s.lock();
-        let entries: Vec<&str> = st.entries.iter().map(|e| e.text.as_str()).collect();
-        json!({
-            "object": "session.data",
-            "entries": entries,
-            "evicted": st.evicted,
-            "data_version": st.data_version,
-            "data_end": st.data_end(),
-            "pending": st.pending.len(),
-        })
-    });
+    let r = async { state.sessions.peek(&id)?.data().await }.await;
     respond(&state, r)
 }
 
@@ -247,52 +240,29 @@ pub async fn add_flash(
             .max_tokens
             .unwrap_or(DEFAULT_FLASH_MAX_TOKENS as i64)
             .clamp(1, 256) as usize;
-        let tokens = flash_fits(&state, &session, &req.query).await?;
-        let v = {
-            let mut st = session.lock();
-            if st.flash.iter().any(|q| q.query == req.query) {
-                return Err(conflict(
-                    "this flash query is already registered on the session",
-                ));
-            }
-            if st.flash.len() >= MAX_FLASH_QUERIES {
-                return Err(conflict(format!(
-                    "a session holds at most {MAX_FLASH_QUERIES} flash queries; delete one first"
-                )));
-            }
-            let q = FlashQuery {
-                id: st.next_flash_id,
-                query: req.query,
-                max_tokens,
-                tokens,
-                answer: None,
-                evaluations: 0,
-                skipped: 0,
-                eval_ms: 0.0,
-                error: None,
-            };
-            st.next_flash_id += 1;
-            let v = q.to_json(st.data_version);
-            st.flash.push(q);
-            v
+        let (tokens, wrapped) = flash_fits(&state, &session, &req.query).await?;
+        let spec = FlashSpec {
+            query: req.query,
+            max_tokens,
+            tokens,
+            wrapped,
         };
-        session.flash_wake.notify_one();
-        Ok(v)
+        session.add_flash(spec).await
     }
     .await;
     respond(&state, r)
 }
 
-/// The query's own token count, after checking that it can be answered at all: the opening,
-/// the question's wrapping and the query must leave room for one generated token even on
-/// empty data (else 400 `context_length_exceeded` naming `query`). Tokenized off the async
-/// workers.
+/// The query's own token count and its wrapped tokens at each layout, after checking that it
+/// can be answered at all: the opening, the question's wrapping and the query must leave room
+/// for one generated token even on empty data (else 400 `context_length_exceeded` naming
+/// `query`). Tokenized off the async workers.
 async fn flash_fits(
     state: &SharedState,
     session: &Session,
     query: &str,
-) -> Result<usize, ApiError> {
-    let wrap = session.settings.wraps.data.clone();
+) -> Result<(usize, Wrapped), ApiError> {
+    let wraps = session.settings.wraps.clone();
     let (tokenizer, query) = (state.tokenizer.clone(), query.to_string());
     crate::cpu_jobs::check_length(state, query.len(), "query")?;
     let (own, wrapped) = crate::cpu_jobs::run(state, move || {
@@ -300,12 +270,18 @@ async fn flash_fits(
             ApiError::invalid("query", format!("could not tokenize the query: {e}"))
         };
         let own = tokenizer.encode(&query, false).map_err(bad)?.len();
-        let text = format!("{}{query}{}", wrap.before, wrap.after);
-        let wrapped = tokenizer.encode(&text, false).map_err(bad)?;
-        Ok((own, wrapped.len()))
+        let wrap = |w: &layout::QuestionText| {
+            let text = format!("{}{query}{}", w.before, w.after);
+            tokenizer.encode(&text, false).map_err(bad)
+        };
+        let wrapped = Wrapped {
+            data: wrap(&wraps.data)?,
+            chat: wrap(&wraps.chat)?,
+        };
+        Ok((own, wrapped))
     })
     .await?;
-    let needed = session.opening_tokens.len() + wrapped;
+    let needed = session.settings.opening.len() + wrapped.data.len();
     if needed >= state.max_model_len {
         return Err(ApiError::too_long(
             "query",
@@ -315,19 +291,11 @@ async fn flash_fits(
             ),
         ));
     }
-    Ok(own)
+    Ok((own, wrapped))
 }
 
 pub async fn list_flash(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
-    let r = state.sessions.get(&id).map(|s| {
-        let st = s.lock();
-        let data: Vec<Value> = st
-            .flash
-            .iter()
-            .map(|q| q.to_json(st.data_version))
-            .collect();
-        json!({"object": "list", "data": data, "data_version": st.data_version})
-    });
+    let r = async { state.sessions.get(&id)?.list_flash().await }.await;
     respond(&state, r)
 }
 
@@ -335,20 +303,13 @@ pub async fn delete_flash(
     State(state): State<SharedState>,
     Path((id, fid)): Path<(String, String)>,
 ) -> Response {
-    let r = (|| {
-        let session: Arc<Session> = state.sessions.get(&id)?;
+    let r = async {
+        let session = state.sessions.get(&id)?;
         let not_found =
             || ApiError::not_found(format!("flash query `{fid}` not found on session `{id}`"));
         let fid_n: u64 = fid.parse().map_err(|_| not_found())?;
-        let mut st = session.lock();
-        let before = st.flash.len();
-        st.flash.retain(|q| q.id != fid_n);
-        if st.flash.len() == before {
-            return Err(not_found());
-        }
-        Ok(
-            json!({"id": fid_n, "object": "session.flash_query.deleted", "deleted": true, "remaining": st.flash.len()}),
-        )
-    })();
+        session.delete_flash(fid_n).await
+    }
+    .await;
     respond(&state, r)
 }

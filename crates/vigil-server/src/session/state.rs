@@ -1,19 +1,11 @@
-//! One session: its settings, its durable context (the token mirror, as an opening plus data
-//! entries), its pending queue and counters, its flash queries, and the JSON it reports.
-//!
-//! Locking: `state` is a plain mutex held only for quick reads and updates, never across an
-//! await. `writer` serializes whatever rewrites the durable context (an ingest batch, an agent
-//! turn, a warm turn), so each one starts from the context the previous one left.
+//! One session's state: its settings, its durable context (the token mirror, as an opening
+//! plus data entries), its pending queue and counters, its flash queries, and the JSON it
+//! reports. The session's actor (`actor.rs`) owns it as plain data; nothing else touches it.
 
-use super::events::EventBus;
 use super::flash::FlashQuery;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
-use tokio::sync::{watch, Notify};
-use vigil_engine::pins::PinKey;
 
 /// What a full pending queue does with a new entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -25,12 +17,27 @@ pub enum Overflow {
     Reject,
 }
 
+/// How a window drops its oldest entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowMode {
+    /// Recompute the retained entries from the opening: answers are exactly a fresh
+    /// session's holding those entries.
+    #[default]
+    Exact,
+    /// Approximate (llama.cpp's context shift): keep the retained entries' KV and re-rotate
+    /// their keys to their new positions; no recompute, but the kept KV still saw the evicted
+    /// entries, so answers may differ from exact mode's.
+    Shift,
+}
+
 #[derive(Debug, Clone)]
 pub struct SessionSettings {
     pub window: Option<usize>,
     /// When the data exceeds `window`, evict down to this many tokens (≤ `window`): each
     /// recompute then buys room for `window - evict_to` tokens of new data.
     pub evict_to: Option<usize>,
+    pub window_mode: WindowMode,
     pub pre_decode: bool,
     pub prompt: Option<String>,
     pub overflow: Overflow,
@@ -38,6 +45,12 @@ pub struct SessionSettings {
     pub max_pending_bytes: usize,
     /// How a question is wrapped at each layout (default template settings).
     pub wraps: super::layout::Wraps,
+    /// Tokens of the opening (the template head with the pinned `prompt`).
+    pub opening: Vec<u32>,
+    /// Tokens that open a new user turn for data after a closed turn.
+    pub chat_data_prefix: Vec<u32>,
+    /// Tokens of the generation prompt after the data (the `pre_decode` ready position).
+    pub ready_suffix: Vec<u32>,
 }
 
 /// Where the durable context ends, which decides how a question is appended. A new session
@@ -81,14 +94,14 @@ pub struct SessionState {
     pub evicted: u64,
     pub evicted_tokens: u64,
     pub window_recomputes: u64,
+    /// Evictions done by position shift (`WindowMode::Shift`) instead of recompute.
+    pub window_shifts: u64,
     pub turns: u64,
     pub last_used_unix: u64,
     pub last_used: Instant,
     /// Foreground requests in flight (generates and turns).
     pub foreground: usize,
     pub turn_active: bool,
-    /// Cancels the warm turn in flight, if any.
-    pub warm_cancel: Option<watch::Sender<bool>>,
     /// Event streams attached (an attached session never expires).
     pub subscribers: usize,
     /// The next-token choice at the durable end (with `pre_decode`): token and logit gap.
@@ -124,158 +137,127 @@ impl SessionState {
     pub fn busy(&self) -> bool {
         self.foreground > 0 || self.turn_active
     }
-}
 
-pub struct Session {
-    pub id: String,
-    pub pin: PinKey,
-    pub created: u64,
-    /// Creation time in milliseconds, for the listing order.
-    pub created_ms: u128,
-    pub settings: SessionSettings,
-    /// The opening's tokens (template head, with `prompt` as the system message).
-    pub opening_tokens: Vec<u32>,
-    pub state: Mutex<SessionState>,
-    pub writer: std::sync::Arc<tokio::sync::Mutex<()>>,
-    pub events: EventBus,
-    /// Wakes the ingest worker (new entries, or deletion).
-    pub ingest_wake: Notify,
-    /// Wakes the flash evaluator (a new version or query, or deletion).
-    pub flash_wake: Notify,
-    /// Tells waiters a flash evaluation round ended.
-    pub flash_done: watch::Sender<u64>,
-    pub deleted: AtomicBool,
-    /// Set with `deleted`, for tasks that wait on it.
-    gone: watch::Sender<bool>,
-}
-
-impl Session {
-    pub fn new(
-        id: String,
-        pin: PinKey,
-        settings: SessionSettings,
-        opening_tokens: Vec<u32>,
-    ) -> Self {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0);
-        let opening_len = opening_tokens.len();
-        Session {
-            id,
-            pin,
-            created: (now / 1000) as u64,
-            created_ms: now,
-            settings,
-            opening_tokens: opening_tokens.clone(),
-            state: Mutex::new(SessionState {
-                base: opening_tokens,
-                opening_len,
-                entries: VecDeque::new(),
-                data_tokens: 0,
-                layout: Layout::Data,
-                opening_due: true,
-                data_version: 0,
-                pending: VecDeque::new(),
-                pending_bytes: 0,
-                total_pushed: 0,
-                total_dropped: 0,
-                total_ingested: 0,
-                evicted: 0,
-                evicted_tokens: 0,
-                window_recomputes: 0,
-                turns: 0,
-                last_used_unix: (now / 1000) as u64,
-                last_used: Instant::now(),
-                foreground: 0,
-                turn_active: false,
-                warm_cancel: None,
-                subscribers: 0,
-                ready: None,
-                flash: Vec::new(),
-                next_flash_id: 1,
-            }),
-            writer: std::sync::Arc::new(tokio::sync::Mutex::new(())),
-            events: EventBus::new(),
-            ingest_wake: Notify::new(),
-            flash_wake: Notify::new(),
-            flash_done: watch::channel(0).0,
-            deleted: AtomicBool::new(false),
-            gone: watch::channel(false).0,
+    pub fn new(opening: Vec<u32>) -> Self {
+        let now = crate::ids::unix_now();
+        SessionState {
+            opening_len: opening.len(),
+            base: opening,
+            entries: VecDeque::new(),
+            data_tokens: 0,
+            layout: Layout::Data,
+            opening_due: true,
+            data_version: 0,
+            pending: VecDeque::new(),
+            pending_bytes: 0,
+            total_pushed: 0,
+            total_dropped: 0,
+            total_ingested: 0,
+            evicted: 0,
+            evicted_tokens: 0,
+            window_recomputes: 0,
+            window_shifts: 0,
+            turns: 0,
+            last_used_unix: now,
+            last_used: Instant::now(),
+            foreground: 0,
+            turn_active: false,
+            subscribers: 0,
+            ready: None,
+            flash: Vec::new(),
+            next_flash_id: 1,
         }
-    }
-
-    /// Mark deleted and wake every task that serves the session so it can end.
-    pub fn mark_deleted(&self) {
-        self.deleted.store(true, Ordering::Release);
-        self.gone.send_replace(true);
-        self.ingest_wake.notify_one();
-        self.flash_wake.notify_one();
-        if let Some(c) = self.lock().warm_cancel.take() {
-            let _ = c.send(true);
-        }
-    }
-
-    /// Resolves once the session is deleted.
-    pub async fn wait_deleted(&self) {
-        let mut rx = self.gone.subscribe();
-        let _ = rx.wait_for(|d| *d).await;
-    }
-
-    /// The state, even if a panicking holder poisoned the lock (the data stays consistent:
-    /// every update is a few assignments).
-    pub fn lock(&self) -> MutexGuard<'_, SessionState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn is_deleted(&self) -> bool {
-        self.deleted.load(Ordering::Acquire)
     }
 
     /// The client's `Session` object, plus Vigil's counters. `last_used` is the value before
-    /// this call touched the session.
-    pub fn to_json(&self, kv_tokens: usize, last_used: u64) -> Value {
-        let st = self.lock();
-        let data_end = st.data_end();
+    /// the request that asks touched the session.
+    pub fn to_json(
+        &self,
+        head: &Identity,
+        s: &SessionSettings,
+        kv: usize,
+        last_used: u64,
+    ) -> Value {
+        let data_end = self.data_end();
         let mut v = json!({
-            "id": self.id,
+            "id": head.id,
             "object": "session",
-            "created": self.created,
+            "created": head.created,
             "last_used": last_used,
             "tokens": data_end,
-            "kv_tokens": kv_tokens.min(data_end),
-            "busy": st.busy(),
-            "turns": st.turns,
+            "kv_tokens": kv.min(data_end),
+            "busy": self.busy(),
+            "turns": self.turns,
             "data_end": data_end,
-            "data_version": st.data_version,
-            "pending": st.pending.len(),
-            "pre_decode": self.settings.pre_decode,
-            "ready": self.settings.pre_decode && st.ready.is_some(),
-            "evicted": st.evicted,
-            "prompt_tokens": st.opening_len,
-            "overflow": self.settings.overflow,
-            "max_pending": self.settings.max_pending,
-            "max_pending_bytes": self.settings.max_pending_bytes,
-            "pending_bytes": st.pending_bytes,
-            "total_pushed": st.total_pushed,
-            "total_dropped": st.total_dropped,
-            "total_ingested": st.total_ingested,
-            "evicted_tokens": st.evicted_tokens,
-            "window_recomputes": st.window_recomputes,
-            "flash_queries": st.flash.len(),
-            "subscribers": st.subscribers,
+            "data_version": self.data_version,
+            "pending": self.pending.len(),
+            "pre_decode": s.pre_decode,
+            "ready": s.pre_decode && self.ready.is_some(),
+            "evicted": self.evicted,
+            "prompt_tokens": self.opening_len,
+            "overflow": s.overflow,
+            "max_pending": s.max_pending,
+            "max_pending_bytes": s.max_pending_bytes,
+            "pending_bytes": self.pending_bytes,
+            "total_pushed": self.total_pushed,
+            "total_dropped": self.total_dropped,
+            "total_ingested": self.total_ingested,
+            "evicted_tokens": self.evicted_tokens,
+            "window_recomputes": self.window_recomputes,
+            "flash_queries": self.flash.len(),
+            "subscribers": self.subscribers,
         });
-        if let Some(w) = self.settings.window {
+        if let Some(w) = s.window {
             v["window"] = json!(w);
-            v["evict_to"] = json!(self.settings.evict_to.unwrap_or(w));
+            v["evict_to"] = json!(s.evict_to.unwrap_or(w));
+            v["window_mode"] = json!(s.window_mode);
+            v["window_shifts"] = json!(self.window_shifts);
         }
-        if st.opening_len > 0 {
-            v["frozen_end"] = json!(st.opening_len);
+        if self.opening_len > 0 {
+            v["frozen_end"] = json!(self.opening_len);
         }
-        if let (true, Some((token, gap))) = (self.settings.pre_decode, st.ready) {
+        if let (true, Some((token, gap))) = (s.pre_decode, self.ready) {
             v["ready_token"] = json!(token);
             v["ready_gap"] = json!(gap);
         }
         v
+    }
+
+    /// The retained entries, in order (what the session's KV holds as data).
+    pub fn data_json(&self) -> Value {
+        let entries: Vec<&str> = self.entries.iter().map(|e| e.text.as_str()).collect();
+        json!({
+            "object": "session.data",
+            "entries": entries,
+            "evicted": self.evicted,
+            "data_version": self.data_version,
+            "data_end": self.data_end(),
+            "pending": self.pending.len(),
+        })
+    }
+}
+
+/// What names a session: fixed at creation, held by its handle and its actor.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub id: String,
+    pub pin: vigil_engine::pins::PinKey,
+    /// Creation time, in seconds and (for the listing order) milliseconds.
+    pub created: u64,
+    pub created_ms: u128,
+}
+
+impl Identity {
+    pub fn new(id: String, pin: vigil_engine::pins::PinKey) -> Self {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        Identity {
+            id,
+            pin,
+            created: (ms / 1000) as u64,
+            created_ms: ms,
+        }
     }
 }

@@ -6,10 +6,11 @@
 //! behind gets `lagged` and is cut off; nothing is buffered per subscriber beyond the socket.
 
 use super::events::SessionEvent;
+use super::handle::Subscriber;
 use super::ingest;
 use super::routes::{push_entries, PushData};
-use super::state::Session;
 use super::valid_id;
+use super::Session;
 use crate::error::ApiError;
 use crate::routes::error_response;
 use crate::state::SharedState;
@@ -27,36 +28,6 @@ use tokio::sync::broadcast::{self, error::RecvError};
 
 const HEARTBEAT: Duration = Duration::from_secs(15);
 const WS_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Counts an attached stream (an attached session does not expire) until dropped.
-struct Subscriber(Arc<Session>);
-
-impl Subscriber {
-    fn new(s: Arc<Session>) -> Self {
-        s.lock().subscribers += 1;
-        Subscriber(s)
-    }
-}
-
-impl Drop for Subscriber {
-    fn drop(&mut self) {
-        let mut st = self.0.lock();
-        st.subscribers = st.subscribers.saturating_sub(1);
-        st.touch();
-    }
-}
-
-/// `connected`, and a `flash_ready` for every cached answer.
-fn opening_events(session: &Session) -> (Value, Vec<Value>) {
-    let st = session.lock();
-    let connected = json!({
-        "session_id": session.id,
-        "data_version": st.data_version,
-        "flash_queries": st.flash.len(),
-    });
-    let replay = st.flash.iter().filter_map(|q| q.ready_event()).collect();
-    (connected, replay)
-}
 
 fn sse_frame(id: Option<u64>, kind: &str, data: &Value) -> String {
     match id {
@@ -77,14 +48,21 @@ pub async fn events(
     let last_id = (headers.get("last-event-id"))
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    crate::sse::frames_response(sse_feed(session, last_id))
+    match sse_feed(session, last_id).await {
+        Ok(feed) => crate::sse::frames_response(feed),
+        Err(e) => error_response(&state, e),
+    }
 }
 
 /// The frames of one SSE subscription: `connected`, then the buffered events after `last_id`
 /// when the buffer reaches back to it (else the cached flash answers), then the live bus.
-fn sse_feed(session: Arc<Session>, last_id: Option<u64>) -> impl Stream<Item = String> {
+async fn sse_feed(
+    session: Arc<Session>,
+    last_id: Option<u64>,
+) -> Result<impl Stream<Item = String>, ApiError> {
+    let sub = Subscriber::new(session.clone());
     let (rx, buffered) = session.events.subscribe(last_id);
-    let (connected, flash_replay) = opening_events(&session);
+    let (connected, flash_replay) = session.stream_opening().await?;
     let resumed = last_id.is_some_and(|last| {
         buffered
             .first()
@@ -106,12 +84,12 @@ fn sse_feed(session: Arc<Session>, last_id: Option<u64>) -> impl Stream<Item = S
         );
     }
     let feed = SseFeed {
-        sub: Subscriber::new(session),
+        sub,
         rx,
         opening,
         done: false,
     };
-    futures_util::stream::unfold(feed, SseFeed::next_frame)
+    Ok(futures_util::stream::unfold(feed, SseFeed::next_frame))
 }
 
 /// The state of one SSE stream. Its frames are pulled by the response body, so the bus
@@ -216,7 +194,10 @@ fn ws_error(e: &ApiError) -> Message {
 async fn serve_socket(state: SharedState, session: Arc<Session>, mut socket: WebSocket) {
     let _sub = Subscriber::new(session.clone());
     let (mut rx, _) = session.events.subscribe(None);
-    let (connected, flash_replay) = opening_events(&session);
+    let Ok((connected, flash_replay)) = session.stream_opening().await else {
+        let _ = socket.send(Message::Close(None)).await;
+        return;
+    };
     let mut out = vec![envelope("connected", connected, None)];
     out.extend(
         flash_replay
@@ -314,10 +295,10 @@ async fn handle_text(state: &SharedState, session: &Arc<Session>, text: &str) ->
         ClientMessage::Ping => Reply::Send(envelope("pong", json!({}), None)),
         ClientMessage::Close => Reply::Close,
         ClientMessage::Push { data } => {
-            session.lock().touch();
+            session.touch();
             let r = async {
                 let entries = ingest::tokenize_entries(state, push_entries(data)?).await?;
-                ingest::push(state, session, entries)
+                session.push(entries).await
             }
             .await;
             Reply::Send(match r {
@@ -332,21 +313,20 @@ async fn handle_text(state: &SharedState, session: &Arc<Session>, text: &str) ->
 mod tests {
     use super::*;
     use crate::session::events::CHANNEL_EVENTS;
-    use crate::session::state::{Overflow, SessionSettings};
     use futures_util::StreamExt;
 
     fn session() -> Arc<Session> {
-        let settings = SessionSettings {
-            window: None,
-            evict_to: None,
-            pre_decode: false,
-            prompt: None,
-            overflow: Overflow::DropOldest,
-            max_pending: 16,
-            max_pending_bytes: 1 << 20,
-            wraps: Default::default(),
-        };
-        Arc::new(Session::new("s".into(), 1, settings, vec![1, 2, 3]))
+        use crate::session::testing;
+        testing::spawn(
+            testing::tiny_deps(64),
+            testing::plain_settings(vec![1, 2, 3]),
+        )
+    }
+
+    async fn subscribers(s: &Session) -> u64 {
+        s.describe(false).await.unwrap()["subscribers"]
+            .as_u64()
+            .unwrap()
     }
 
     fn kind(frame: &str) -> &str {
@@ -359,7 +339,7 @@ mod tests {
     #[tokio::test]
     async fn a_reader_too_far_behind_gets_lagged_then_the_end() {
         let s = session();
-        let mut feed = Box::pin(sse_feed(s.clone(), None));
+        let mut feed = Box::pin(sse_feed(s.clone(), None).await.unwrap());
         assert_eq!(kind(&feed.next().await.unwrap()), "connected");
         for i in 0..CHANNEL_EVENTS + 88 {
             s.events
@@ -368,10 +348,11 @@ mod tests {
         let lagged = feed.next().await.unwrap();
         assert_eq!(kind(&lagged), "lagged");
         assert!(lagged.contains(r#"{"missed":88}"#), "{lagged}");
-        assert_eq!(s.lock().subscribers, 1);
+        assert_eq!(subscribers(&s).await, 1);
         assert!(feed.next().await.is_none());
+        drop(feed);
         assert_eq!(
-            s.lock().subscribers,
+            subscribers(&s).await,
             0,
             "an ended stream no longer holds the session"
         );
@@ -380,7 +361,7 @@ mod tests {
     #[tokio::test]
     async fn a_reader_within_the_bus_capacity_gets_every_event_in_order() {
         let s = session();
-        let mut feed = Box::pin(sse_feed(s.clone(), None));
+        let mut feed = Box::pin(sse_feed(s.clone(), None).await.unwrap());
         for i in 0..CHANNEL_EVENTS {
             s.events
                 .publish("data_updated", json!({ "data_version": i }));
@@ -399,7 +380,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_idle_stream_sends_a_heartbeat_every_15_seconds() {
         let s = session();
-        let mut feed = Box::pin(sse_feed(s.clone(), None));
+        let mut feed = Box::pin(sse_feed(s.clone(), None).await.unwrap());
         assert_eq!(kind(&feed.next().await.unwrap()), "connected");
         let started = tokio::time::Instant::now();
         assert_eq!(feed.next().await.unwrap(), ": heartbeat\n\n");
@@ -413,10 +394,9 @@ mod tests {
     #[tokio::test]
     async fn a_deleted_session_sends_deleted_last() {
         let s = session();
-        let mut feed = Box::pin(sse_feed(s.clone(), None));
+        let mut feed = Box::pin(sse_feed(s.clone(), None).await.unwrap());
         assert_eq!(kind(&feed.next().await.unwrap()), "connected");
-        s.events.publish("deleted", json!({"session_id": "s"}));
-        s.mark_deleted();
+        s.delete().await.unwrap();
         assert_eq!(kind(&feed.next().await.unwrap()), "deleted");
         assert!(feed.next().await.is_none());
     }
@@ -428,7 +408,7 @@ mod tests {
             s.events
                 .publish("data_updated", json!({ "data_version": i }));
         }
-        let mut feed = Box::pin(sse_feed(s.clone(), Some(3)));
+        let mut feed = Box::pin(sse_feed(s.clone(), Some(3)).await.unwrap());
         assert_eq!(kind(&feed.next().await.unwrap()), "connected");
         assert!(feed.next().await.unwrap().starts_with("id: 4\n"));
         assert!(feed.next().await.unwrap().starts_with("id: 5\n"));

@@ -2,13 +2,16 @@
 //! on the session's KV: the engine keeps the longest common prefix of the rendered
 //! conversation with the session's pin, computes only the rest, and on a normal finish keeps
 //! the prompt and reply as the session's durable history. `warm` prefills a conversation ahead
-//! as background work; a turn cancels it at a step boundary and keeps what it computed.
+//! as background work; a turn cancels it at a step boundary and keeps what it computed. The
+//! routes are here, and the actor's side of both (claiming the writer, settling the history).
 
-use super::conflict;
-use super::state::{Layout, Session};
+use super::actor::{JobResult, SessionActor, Writer};
+use super::engine_work::Job;
+use super::handle::Session;
+use super::state::{Identity, Layout, SessionState};
 use crate::error::{ApiError, Flavor};
 use crate::extract::parse_body;
-use crate::generate::{self, FinishHook, GenEvent, GenParams};
+use crate::generate::FinishHook;
 use crate::openai::messages::{template_messages, template_tools};
 use crate::openai::types::ChatCompletionRequest;
 use crate::prompt::{render_chat, template_kwargs, ChatPromptSpec};
@@ -20,9 +23,9 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::Arc;
-use tokio::sync::{oneshot, watch, OwnedMutexGuard};
+use tokio::sync::{oneshot, watch};
 use vigil_engine::pins::{PinSave, PinUse};
 use vigil_engine::sampling::SamplingParams;
 use vigil_engine::sequence::{FinishReason, Priority};
@@ -33,17 +36,6 @@ pub const SESSION_HEADER: &str = "x-layerscale-session-id";
 pub struct Turn {
     pub pin: PinUse,
     pub on_finish: FinishHook,
-}
-
-/// Clears `turn_active` when the turn ends, however it ends.
-struct TurnGuard(Arc<Session>);
-
-impl Drop for TurnGuard {
-    fn drop(&mut self) {
-        let mut st = self.0.lock();
-        st.turn_active = false;
-        st.touch();
-    }
 }
 
 /// The session named by the request's header, if any (404 when it does not exist).
@@ -63,37 +55,14 @@ pub fn session_of(
 /// Claim the session for a turn: 409 if a turn is in flight; a warm turn in flight is
 /// cancelled and waited for (it keeps what it computed).
 pub async fn begin(session: &Arc<Session>, prompt: &[u32]) -> Result<Turn, ApiError> {
-    {
-        let mut st = session.lock();
-        if st.turn_active {
-            return Err(conflict(format!(
-                "session `{}` is busy: a turn is in flight; one turn runs per session at a time",
-                session.id
-            )));
-        }
-        st.turn_active = true;
-        if let Some(c) = st.warm_cancel.take() {
-            let _ = c.send(true);
-        }
-    }
-    let guard = TurnGuard(session.clone());
-    let writer = session.writer.clone().lock_owned().await;
-    if session.is_deleted() {
-        return Err(ApiError::not_found(format!(
-            "session `{}` not found",
-            session.id
-        )));
-    }
-    let s = session.clone();
+    let ticket = session.begin_turn().await?;
     let prompt = prompt.to_vec();
     let on_finish: FinishHook = Box::new(move |f| {
         if let Some(f) = f.filter(|f| f.reason != FinishReason::Abort) {
             let mut history = prompt;
             history.extend(&f.output_ids);
-            settle(&s, history, true);
+            ticket.keep(history);
         }
-        drop(writer);
-        drop(guard);
     });
     Ok(Turn {
         pin: PinUse {
@@ -117,25 +86,6 @@ pub async fn begin_if(
         }
         None => Ok((None, None)),
     }
-}
-
-/// Make `history` the session's durable context (a closed turn) and announce it.
-fn settle(session: &Session, history: Vec<u32>, completed_turn: bool) {
-    let data = {
-        let mut st = session.lock();
-        st.base = history;
-        st.entries.clear();
-        st.data_tokens = 0;
-        st.layout = Layout::Chat;
-        st.data_version += 1;
-        if completed_turn {
-            st.turns += 1;
-        }
-        st.touch();
-        json!({"data_version": st.data_version, "tokens": st.data_end(), "pending": st.pending.len()})
-    };
-    session.events.publish("data_updated", data);
-    session.flash_wake.notify_one();
 }
 
 pub async fn warm(
@@ -180,97 +130,205 @@ async fn warm_inner(
     if prompt.len() >= state.max_model_len {
         return Err(ApiError::context_length(prompt.len(), state.max_model_len));
     }
-    let (cancel_tx, mut cancel_rx) = watch::channel(false);
-    {
-        let mut st = session.lock();
-        if st.turn_active {
-            return Err(conflict(format!(
-                "session `{id}` is busy: a turn is in flight"
-            )));
+    session.warm(prompt).await
+}
+
+/// A warm waiting for the writer, or running.
+pub struct WarmRequest {
+    prompt: Vec<u32>,
+    reply: oneshot::Sender<Result<Value, ApiError>>,
+}
+
+impl WarmRequest {
+    /// Answer a warm that never ran: a newer warm, a turn or a deletion took over.
+    pub fn cancelled(self, st: &SessionState, head: &Identity) {
+        let v = warm_json(st, head, "cancelled", self.prompt.len(), 0);
+        let _ = self.reply.send(Ok(v));
+    }
+}
+
+/// How a warm prefill ended.
+pub struct WarmResult {
+    request: WarmRequest,
+    /// The data version it started from, and whether the prompt diverged from the mirror.
+    version: u64,
+    diverged: bool,
+    /// `Ok(Some(cached))` finished, `Ok(None)` cancelled (it kept what it computed).
+    outcome: Result<Option<usize>, ApiError>,
+}
+
+impl SessionActor {
+    pub(super) fn begin_turn(&mut self, id: u64, reply: oneshot::Sender<Result<(), ApiError>>) {
+        if self.st.turn_active {
+            let _ = reply.send(Err(super::conflict(format!(
+                "session `{}` is busy: a turn is in flight; one turn runs per session at a time",
+                self.head.id
+            ))));
+            return;
         }
-        // A newer warm takes over from an older one.
-        if let Some(old) = st.warm_cancel.replace(cancel_tx) {
-            let _ = old.send(true);
+        self.st.turn_active = true;
+        self.cancel_warm();
+        self.turn_waiting = Some((id, reply));
+    }
+
+    /// The turn's ticket dropped: keep its history if it finished normally, free the writer.
+    pub(super) fn end_turn(&mut self, id: u64, history: Option<Vec<u32>>) {
+        let ours = match (&self.writer, &self.turn_waiting) {
+            (Writer::Turn(t), _) if *t == id => {
+                self.writer = Writer::Idle;
+                true
+            }
+            (_, Some((t, _))) if *t == id => {
+                self.turn_waiting = None;
+                true
+            }
+            _ => false,
+        };
+        if !ours {
+            return; // A refused claim's ticket.
+        }
+        self.st.turn_active = false;
+        self.st.touch();
+        if let Some(h) = history {
+            self.settle(h, true);
         }
     }
-    let writer: OwnedMutexGuard<()> = tokio::select! {
-        w = session.writer.clone().lock_owned() => w,
-        _ = cancel_rx.wait_for(|c| *c) => return Ok(warm_json(&session, "cancelled", prompt.len(), 0)),
-    };
-    let (mirror, version) = {
-        let st = session.lock();
-        (st.mirror(), st.data_version)
-    };
-    let common = mirror
-        .iter()
-        .zip(&prompt)
-        .take_while(|(a, b)| a == b)
-        .count();
-    let held = state.engine.pin_kv_tokens(session.pin).min(mirror.len());
-    if common == prompt.len() && held + 1 >= prompt.len() {
-        drop(writer);
-        return Ok(warm_json(&session, "covered", prompt.len(), prompt.len()));
-    }
-    let (tx, rx) = oneshot::channel();
-    let mut gp = GenParams::new(prompt.clone(), SamplingParams::default(), Some(1));
-    gp.priority = Priority::Background;
-    gp.ignore_eos = true;
-    gp.pin = Some(PinUse {
-        key: session.pin,
-        save: Some(PinSave::Prompt),
-        save_on_abort: true,
-    });
-    gp.on_finish = Some(Box::new(move |f| {
-        let _ = tx.send(f);
-    }));
-    let mut events = generate::start(state, gp)?;
-    let mut cached = 0;
-    let cancelled = loop {
-        tokio::select! {
-            ev = events.recv() => match ev {
-                Some(GenEvent::Done { usage, .. }) => cached = usage.cached_tokens,
-                Some(GenEvent::Failed(e)) => return Err(e),
-                Some(_) => {}
-                None => break false,
-            },
-            _ = cancel_rx.wait_for(|c| *c) => break true,
-        }
-    };
-    drop(events); // On cancel: the engine aborts at the step boundary and saves what it has.
-    let finished = rx.await.ok().flatten();
-    let diverged = common < mirror.len();
-    if finished.is_some() || cancelled {
-        let mut st = session.lock();
-        st.base = prompt.clone();
+
+    /// Make `history` the session's durable context (a closed turn) and announce it.
+    fn settle(&mut self, history: Vec<u32>, completed_turn: bool) {
+        let st = &mut self.st;
+        st.base = history;
         st.entries.clear();
         st.data_tokens = 0;
         st.layout = Layout::Chat;
-        if diverged {
-            st.data_version = version + 1;
+        st.data_version += 1;
+        if completed_turn {
+            st.turns += 1;
+        }
+        let data = json!({"data_version": st.data_version, "tokens": st.data_end(), "pending": st.pending.len()});
+        self.events.publish("data_updated", data);
+    }
+
+    /// Cancel the warm in flight (it keeps what it computed) or the one waiting.
+    fn cancel_warm(&mut self) {
+        if let Writer::Warm(cancel) = &self.writer {
+            let _ = cancel.send(true);
+        }
+        if let Some(w) = self.warm_waiting.take() {
+            w.cancelled(&self.st, &self.head);
         }
     }
-    {
-        let mut st = session.lock();
-        if (st.warm_cancel.as_ref()).is_some_and(|c| c.subscribe().same_channel(&cancel_rx)) {
-            st.warm_cancel = None;
+
+    pub(super) fn queue_warm(
+        &mut self,
+        prompt: Vec<u32>,
+        reply: oneshot::Sender<Result<Value, ApiError>>,
+    ) {
+        if self.st.turn_active {
+            let _ = reply.send(Err(super::conflict(format!(
+                "session `{}` is busy: a turn is in flight",
+                self.head.id
+            ))));
+            return;
         }
+        // A newer warm takes over from an older one.
+        self.cancel_warm();
+        self.warm_waiting = Some(WarmRequest { prompt, reply });
     }
-    drop(writer);
-    let reason = if cancelled { "cancelled" } else { "warmed" };
-    Ok(warm_json(&session, reason, prompt.len(), cached))
+
+    pub(super) fn start_warm(&mut self, w: WarmRequest) {
+        let mirror = self.st.mirror();
+        let common = (mirror.iter().zip(&w.prompt))
+            .take_while(|(a, b)| a == b)
+            .count();
+        let held = (self.deps.engine.pin_kv_tokens(self.head.pin)).min(mirror.len());
+        if common == w.prompt.len() && held + 1 >= w.prompt.len() {
+            let v = warm_json(
+                &self.st,
+                &self.head,
+                "covered",
+                w.prompt.len(),
+                w.prompt.len(),
+            );
+            let _ = w.reply.send(Ok(v));
+            return;
+        }
+        let job = Job {
+            prompt: w.prompt.clone(),
+            sampling: SamplingParams::default(),
+            max_tokens: 1,
+            ignore_eos: true,
+            priority: Priority::Background,
+            pin: PinUse {
+                key: self.head.pin,
+                save: Some(PinSave::Prompt),
+                save_on_abort: true,
+            },
+        };
+        let (cancel_tx, mut cancel_rx) = watch::channel(false);
+        self.writer = Writer::Warm(cancel_tx);
+        let (deps, jobs, mut gone) = (
+            self.deps.clone(),
+            self.jobs_tx.clone(),
+            self.gone.subscribe(),
+        );
+        let (version, diverged) = (self.st.data_version, common < mirror.len());
+        let mut request = w;
+        tokio::spawn(async move {
+            // Cancelled by a turn, a newer warm, the session's deletion, or its client leaving:
+            // the request is dropped, and the engine aborts at the step boundary and saves.
+            let reply = &mut request.reply;
+            let cancel = async move {
+                tokio::select! {
+                    _ = cancel_rx.wait_for(|c| *c) => {}
+                    _ = gone.wait_for(|g| *g) => {}
+                    () = reply.closed() => {}
+                }
+            };
+            let outcome = (deps.run(job, cancel).await).map(|d| d.map(|d| d.cached_tokens));
+            let _ = jobs.send(JobResult::Warm(WarmResult {
+                request,
+                version,
+                diverged,
+                outcome,
+            }));
+        });
+    }
+
+    pub(super) fn warm_done(&mut self, w: WarmResult) {
+        self.writer = Writer::Idle;
+        let (reason, cached) = match w.outcome {
+            Ok(Some(cached)) => ("warmed", cached),
+            Ok(None) => ("cancelled", 0),
+            Err(e) => {
+                let _ = w.request.reply.send(Err(e));
+                return;
+            }
+        };
+        let st = &mut self.st;
+        st.base = w.request.prompt.clone();
+        st.entries.clear();
+        st.data_tokens = 0;
+        st.layout = Layout::Chat;
+        if w.diverged {
+            st.data_version = w.version + 1;
+        }
+        let v = warm_json(st, &self.head, reason, w.request.prompt.len(), cached);
+        let _ = w.request.reply.send(Ok(v));
+    }
 }
 
 fn warm_json(
-    session: &Session,
+    st: &SessionState,
+    head: &Identity,
     reason: &str,
     prompt_tokens: usize,
     cached: usize,
 ) -> serde_json::Value {
-    let st = session.lock();
     json!({
         "id": crate::ids::new_id("warm-"),
         "object": "session.warm",
-        "session_id": session.id,
+        "session_id": head.id,
         "finish_reason": reason,
         "prompt_tokens": prompt_tokens,
         "cached_tokens": cached,

@@ -1,0 +1,451 @@
+//! A session's actor: the one task that owns the session's state (TGI's router pattern).
+//! Routes send it commands through the handle (`handle.rs`) and await replies; its engine
+//! work (an ingest batch, a flash round, a warm prefill) runs in tasks it spawns, which report
+//! back on its job channel, and the state changes only when the actor applies that report. So
+//! every commit of the durable context happens here, in one place, in order.
+//!
+//! Writes to the durable context are serialized by `writer`: one ingest batch, warm prefill
+//! or client turn at a time, each starting from the context the previous one left. A flash
+//! round runs beside them on a fork of the KV. After a batch lands, the next one waits for
+//! the flash round at the new version (bounded: `FLASH_ROUND_WAIT`, and `FLASH_QUEUE_WAIT`
+//! from the oldest queued entry's push), so answers lag at most one version.
+
+use super::engine_work::SessionDeps;
+use super::events::EventBus;
+use super::flash::{FlashAnswer, RoundResult};
+use super::ingest::Batch;
+use super::queued_cost;
+use super::state::{Identity, Layout, SessionSettings, SessionState};
+use super::turn::{WarmRequest, WarmResult};
+use crate::error::ApiError;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+type Reply<T> = oneshot::Sender<T>;
+
+/// What the handle asks of the actor.
+pub enum Command {
+    Touch,
+    Describe {
+        touch: bool,
+        reply: Reply<Value>,
+    },
+    Data {
+        reply: Reply<Value>,
+    },
+    Push {
+        entries: Vec<super::state::Entry>,
+        reply: Reply<Result<Value, ApiError>>,
+    },
+    AddFlash {
+        spec: super::flash::FlashSpec,
+        reply: Reply<Result<Value, ApiError>>,
+    },
+    ListFlash {
+        reply: Reply<Value>,
+    },
+    DeleteFlash {
+        id: u64,
+        reply: Reply<Result<Value, ApiError>>,
+    },
+    FlashQuery {
+        id: u64,
+        reply: Reply<Option<String>>,
+    },
+    FlashLookup {
+        id: Option<u64>,
+        query: String,
+        reply: Reply<Lookup>,
+    },
+    Ready {
+        reply: Reply<(Option<(u32, f32)>, u64)>,
+    },
+    Context {
+        reply: Reply<Context>,
+    },
+    StreamOpening {
+        reply: Reply<(Value, Vec<Value>)>,
+    },
+    Foreground {
+        delta: isize,
+    },
+    Subscribers {
+        delta: isize,
+    },
+    BeginTurn {
+        id: u64,
+        reply: Reply<Result<(), ApiError>>,
+    },
+    EndTurn {
+        id: u64,
+        history: Option<Vec<u32>>,
+    },
+    Warm {
+        prompt: Vec<u32>,
+        reply: Reply<Result<Value, ApiError>>,
+    },
+    Delete {
+        reply: Reply<Result<(), ApiError>>,
+    },
+    ExpireIfIdle {
+        ttl: Duration,
+        reply: Reply<bool>,
+    },
+    Shutdown,
+}
+
+/// The durable context a question runs against.
+pub struct Context {
+    pub mirror: Vec<u32>,
+    pub data_version: u64,
+    pub layout: Layout,
+}
+
+/// A flash query looked up for a generate.
+pub enum Lookup {
+    /// No query has that text: generate.
+    NotRegistered,
+    /// No query has that id.
+    NoSuchId,
+    Found {
+        id: u64,
+        answer: Option<FlashAnswer>,
+        data_version: u64,
+    },
+}
+
+/// What engine work reports back.
+pub enum JobResult {
+    Batch(Batch, Result<Option<super::engine_work::JobDone>, ApiError>),
+    FlashRound(RoundResult),
+    Warm(WarmResult),
+}
+
+/// Who is rewriting the durable context.
+pub enum Writer {
+    Idle,
+    Ingest,
+    /// A warm prefill; sending `true` cancels it (it keeps what it computed).
+    Warm(watch::Sender<bool>),
+    /// A client turn, by ticket id.
+    Turn(u64),
+}
+
+/// Longest the next batch waits for the flash queries to answer the newest version.
+pub const FLASH_ROUND_WAIT: Duration = Duration::from_secs(2);
+/// Longest an entry, counted from its push, waits in the queue on flash queries.
+pub const FLASH_QUEUE_WAIT: Duration = Duration::from_secs(1);
+/// Longest a deletion waits for engine work in flight to let go before dropping the KV.
+const DELETE_WAIT: Duration = Duration::from_secs(2);
+
+struct Deleting {
+    reply: Option<Reply<Result<(), ApiError>>>,
+    expired: Option<Reply<bool>>,
+    deadline: Instant,
+}
+
+pub struct SessionActor {
+    pub head: Identity,
+    pub settings: Arc<SessionSettings>,
+    pub deps: SessionDeps,
+    pub st: SessionState,
+    pub events: Arc<EventBus>,
+    pub rounds: watch::Sender<u64>,
+    pub gone: watch::Sender<bool>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    commands_closed: bool,
+    pub jobs_tx: mpsc::UnboundedSender<JobResult>,
+    jobs: mpsc::UnboundedReceiver<JobResult>,
+    pub writer: Writer,
+    pub flash_running: bool,
+    /// A turn waiting for the writer: its id and its grant.
+    pub turn_waiting: Option<(u64, Reply<Result<(), ApiError>>)>,
+    pub warm_waiting: Option<WarmRequest>,
+    /// The next batch waits for the flash round until then (see the module doc).
+    pub hold: Option<Instant>,
+    deleting: Option<Deleting>,
+}
+
+impl SessionActor {
+    pub fn new(
+        head: Identity,
+        settings: Arc<SessionSettings>,
+        deps: SessionDeps,
+        events: Arc<EventBus>,
+        commands: mpsc::UnboundedReceiver<Command>,
+        rounds: watch::Sender<u64>,
+        gone: watch::Sender<bool>,
+    ) -> Self {
+        let (jobs_tx, jobs) = mpsc::unbounded_channel();
+        SessionActor {
+            st: SessionState::new(settings.opening.clone()),
+            head,
+            settings,
+            deps,
+            events,
+            rounds,
+            gone,
+            commands,
+            commands_closed: false,
+            jobs_tx,
+            jobs,
+            writer: Writer::Idle,
+            flash_running: false,
+            turn_waiting: None,
+            warm_waiting: None,
+            hold: None,
+            deleting: None,
+        }
+    }
+
+    pub async fn run(mut self) {
+        loop {
+            self.schedule();
+            if self.deletion_done() {
+                self.finish_delete();
+                return;
+            }
+            let wake = self.wake_at();
+            tokio::select! {
+                cmd = self.commands.recv(), if !self.commands_closed => match cmd {
+                    Some(cmd) => self.command(cmd),
+                    // Every handle is gone: release the session as a deletion would.
+                    None => {
+                        self.commands_closed = true;
+                        self.begin_delete(None, None, None);
+                    }
+                },
+                Some(done) = self.jobs.recv() => self.job_done(done),
+                () = sleep_until(wake) => {}
+            }
+        }
+    }
+
+    fn command(&mut self, cmd: Command) {
+        // A session being deleted answers nothing: dropped replies read as "not found".
+        if self.deleting.is_some() {
+            return;
+        }
+        match cmd {
+            Command::Touch => self.st.touch(),
+            Command::Describe { touch, reply } => {
+                let last = self.st.last_used_unix;
+                if touch {
+                    self.st.touch();
+                }
+                let kv = self.deps.engine.pin_kv_tokens(self.head.pin);
+                let _ = reply.send(self.st.to_json(&self.head, &self.settings, kv, last));
+            }
+            Command::Data { reply } => {
+                let _ = reply.send(self.st.data_json());
+            }
+            Command::Push { entries, reply } => {
+                let _ = reply.send(self.push(entries));
+            }
+            Command::AddFlash { spec, reply } => {
+                let _ = reply.send(self.add_flash(spec));
+            }
+            Command::ListFlash { reply } => {
+                let _ = reply.send(self.list_flash());
+            }
+            Command::DeleteFlash { id, reply } => {
+                let _ = reply.send(self.delete_flash(id));
+            }
+            Command::FlashQuery { id, reply } => {
+                let q = self.st.flash.iter().find(|q| q.id == id);
+                let _ = reply.send(q.map(|q| q.query.clone()));
+            }
+            Command::FlashLookup { id, query, reply } => {
+                let _ = reply.send(self.lookup(id, &query));
+            }
+            Command::Ready { reply } => {
+                let _ = reply.send((self.st.ready, self.st.data_version));
+            }
+            Command::Context { reply } => {
+                let _ = reply.send(Context {
+                    mirror: self.st.mirror(),
+                    data_version: self.st.data_version,
+                    layout: self.st.layout,
+                });
+            }
+            Command::StreamOpening { reply } => {
+                let connected = json!({
+                    "session_id": self.head.id,
+                    "data_version": self.st.data_version,
+                    "flash_queries": self.st.flash.len(),
+                });
+                let replay = self
+                    .st
+                    .flash
+                    .iter()
+                    .filter_map(|q| q.ready_event())
+                    .collect();
+                let _ = reply.send((connected, replay));
+            }
+            Command::Foreground { delta } => {
+                self.st.foreground = self.st.foreground.saturating_add_signed(delta);
+                self.st.touch();
+            }
+            Command::Subscribers { delta } => {
+                self.st.subscribers = self.st.subscribers.saturating_add_signed(delta);
+                self.st.touch();
+            }
+            Command::BeginTurn { id, reply } => self.begin_turn(id, reply),
+            Command::EndTurn { id, history } => self.end_turn(id, history),
+            Command::Warm { prompt, reply } => self.queue_warm(prompt, reply),
+            Command::Delete { reply } => {
+                if self.st.busy() {
+                    let _ = reply.send(Err(super::conflict(format!(
+                        "session `{}` is busy: a request on it is in flight; retry when it ends",
+                        self.head.id
+                    ))));
+                    return;
+                }
+                self.begin_delete(Some(reply), None, Some("deleted"));
+            }
+            Command::ExpireIfIdle { ttl, reply } => {
+                let idle = !self.st.busy()
+                    && self.st.pending.is_empty()
+                    && self.st.subscribers == 0
+                    && self.st.last_used.elapsed() >= ttl;
+                if idle {
+                    self.begin_delete(None, Some(reply), Some("deleted"));
+                } else {
+                    let _ = reply.send(false);
+                }
+            }
+            Command::Shutdown => self.begin_delete(None, None, Some("shutdown")),
+        }
+    }
+
+    fn job_done(&mut self, done: JobResult) {
+        match done {
+            JobResult::Batch(batch, result) => self.batch_landed(batch, result),
+            JobResult::FlashRound(r) => self.round_done(r),
+            JobResult::Warm(w) => self.warm_done(w),
+        }
+    }
+
+    /// Start whatever work is due: a waiting turn or warm gets the idle writer before the
+    /// next ingest batch; a flash round starts whenever none runs and a query is behind.
+    fn schedule(&mut self) {
+        if self.deleting.is_some() {
+            return;
+        }
+        if matches!(self.writer, Writer::Idle) {
+            if let Some((id, grant)) = self.turn_waiting.take() {
+                if grant.send(Ok(())).is_ok() {
+                    self.writer = Writer::Turn(id);
+                } else {
+                    self.st.turn_active = false; // Its client left before the grant.
+                }
+            }
+        }
+        if matches!(self.writer, Writer::Idle) {
+            if let Some(w) = self.warm_waiting.take() {
+                self.start_warm(w);
+            }
+        }
+        if matches!(self.writer, Writer::Idle) && self.ingest_due() && !self.held() {
+            self.start_batch();
+        }
+        if !self.flash_running {
+            self.start_round();
+        }
+    }
+
+    /// Whether the next batch still waits for the flash round at the current version.
+    fn held(&mut self) -> bool {
+        let Some(until) = self.hold else {
+            return false;
+        };
+        let oldest = self.st.pending.front().map(|e| Instant::from_std(e.queued));
+        let until = oldest.map_or(until, |q| until.min(q + FLASH_QUEUE_WAIT));
+        let v = self.st.data_version;
+        if Instant::now() >= until || !self.st.flash.iter().any(|q| q.due_at(v)) {
+            self.hold = None;
+            return false;
+        }
+        true
+    }
+
+    /// When the loop must wake without a message: the flash hold or the deletion deadline.
+    fn wake_at(&self) -> Option<Instant> {
+        let hold = self.hold.map(|until| {
+            let oldest = self.st.pending.front().map(|e| Instant::from_std(e.queued));
+            oldest.map_or(until, |q| until.min(q + FLASH_QUEUE_WAIT))
+        });
+        let deadline = self.deleting.as_ref().map(|d| d.deadline);
+        match (hold, deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Publish `event` (`deleted` or `shutdown`) as the streams' last, end every stream and
+    /// every job, give back the queue budget, then wait for the engine work to let go.
+    fn begin_delete(
+        &mut self,
+        reply: Option<Reply<Result<(), ApiError>>>,
+        expired: Option<Reply<bool>>,
+        event: Option<&'static str>,
+    ) {
+        match event {
+            Some("shutdown") => self.events.publish(
+                "shutdown",
+                json!({"message": "the server is shutting down; reconnect to a running server"}),
+            ),
+            Some(kind) => self
+                .events
+                .publish(kind, json!({"session_id": self.head.id})),
+            None => {}
+        }
+        self.gone.send_replace(true);
+        let queued: usize = self.st.pending.iter().map(queued_cost).sum();
+        self.st.pending.clear();
+        self.st.pending_bytes = 0;
+        self.deps.budget.release(queued);
+        if let Writer::Warm(cancel) = &self.writer {
+            let _ = cancel.send(true);
+        }
+        if let Some(w) = self.warm_waiting.take() {
+            w.cancelled(&self.st, &self.head);
+        }
+        self.turn_waiting = None;
+        self.deleting = Some(Deleting {
+            reply,
+            expired,
+            deadline: Instant::now() + DELETE_WAIT,
+        });
+    }
+
+    fn deletion_done(&self) -> bool {
+        let Some(d) = &self.deleting else {
+            return false;
+        };
+        let writing = matches!(self.writer, Writer::Ingest | Writer::Warm(_));
+        !(writing || self.flash_running) || Instant::now() >= d.deadline
+    }
+
+    fn finish_delete(&mut self) {
+        let _ = self.deps.engine.drop_pin(self.head.pin);
+        if let Some(d) = self.deleting.take() {
+            if let Some(r) = d.reply {
+                let _ = r.send(Ok(()));
+            }
+            if let Some(r) = d.expired {
+                let _ = r.send(true);
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,245 @@
+//! A session's handle: what routes hold. It names the session and sends its actor commands
+//! (`actor.rs`), awaiting the reply; it never touches the session's state. Guards that count
+//! a request or a stream on the session tell the actor when they drop, so a client that goes
+//! away releases what it held.
+
+use super::actor::{Command, Context, Lookup, SessionActor};
+use super::engine_work::SessionDeps;
+use super::events::EventBus;
+use super::flash::FlashSpec;
+use super::state::{Entry, Identity, SessionSettings};
+use crate::error::ApiError;
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+
+pub struct Session {
+    pub id: String,
+    pub pin: vigil_engine::pins::PinKey,
+    pub created_ms: u128,
+    pub settings: Arc<SessionSettings>,
+    pub events: Arc<EventBus>,
+    commands: mpsc::UnboundedSender<Command>,
+    /// Counts flash evaluation rounds as they end (a generate waiting for a fresher answer).
+    rounds: watch::Receiver<u64>,
+    /// Set once the session is deleted (or the server shuts down).
+    gone: watch::Receiver<bool>,
+    next_turn: AtomicU64,
+}
+
+impl Session {
+    /// Start the session's actor and return its handle.
+    pub fn spawn(head: Identity, settings: SessionSettings, deps: SessionDeps) -> Session {
+        let (commands, rx) = mpsc::unbounded_channel();
+        let (rounds_tx, rounds) = watch::channel(0);
+        let (gone_tx, gone) = watch::channel(false);
+        let settings = Arc::new(settings);
+        let events = Arc::new(EventBus::new());
+        let handle = Session {
+            id: head.id.clone(),
+            pin: head.pin,
+            created_ms: head.created_ms,
+            settings: settings.clone(),
+            events: events.clone(),
+            commands,
+            rounds,
+            gone,
+            next_turn: AtomicU64::new(1),
+        };
+        let actor = SessionActor::new(head, settings, deps, events, rx, rounds_tx, gone_tx);
+        tokio::spawn(actor.run());
+        handle
+    }
+
+    fn gone_error(&self) -> ApiError {
+        ApiError::not_found(format!("session `{}` not found", self.id))
+    }
+
+    fn send(&self, cmd: Command) {
+        let _ = self.commands.send(cmd);
+    }
+
+    /// Send the command `make` builds around a reply channel and await the reply; a session
+    /// whose actor has ended is not found.
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(make(tx))
+            .map_err(|_| self.gone_error())?;
+        rx.await.map_err(|_| self.gone_error())
+    }
+
+    pub fn is_deleted(&self) -> bool {
+        *self.gone.borrow()
+    }
+
+    /// Resolves once the session is deleted.
+    pub async fn wait_deleted(&self) {
+        let mut rx = self.gone.clone();
+        let _ = rx.wait_for(|d| *d).await;
+    }
+
+    /// A receiver of the flash round counter.
+    pub fn rounds(&self) -> watch::Receiver<u64> {
+        self.rounds.clone()
+    }
+
+    /// Restart the idle clock.
+    pub fn touch(&self) {
+        self.send(Command::Touch);
+    }
+
+    /// The session object; `touch` restarts the idle clock (`last_used` is the value before).
+    pub async fn describe(&self, touch: bool) -> Result<Value, ApiError> {
+        self.call(|reply| Command::Describe { touch, reply }).await
+    }
+
+    pub async fn data(&self) -> Result<Value, ApiError> {
+        self.call(|reply| Command::Data { reply }).await
+    }
+
+    /// Queue entries; the ack.
+    pub async fn push(&self, entries: Vec<Entry>) -> Result<Value, ApiError> {
+        self.call(|reply| Command::Push { entries, reply }).await?
+    }
+
+    pub async fn add_flash(&self, spec: FlashSpec) -> Result<Value, ApiError> {
+        self.call(|reply| Command::AddFlash { spec, reply }).await?
+    }
+
+    pub async fn list_flash(&self) -> Result<Value, ApiError> {
+        self.call(|reply| Command::ListFlash { reply }).await
+    }
+
+    pub async fn delete_flash(&self, id: u64) -> Result<Value, ApiError> {
+        self.call(|reply| Command::DeleteFlash { id, reply })
+            .await?
+    }
+
+    /// A registered flash query's text.
+    pub async fn flash_query(&self, id: u64) -> Result<Option<String>, ApiError> {
+        self.call(|reply| Command::FlashQuery { id, reply }).await
+    }
+
+    /// The flash query named by id (or else by its text), and its cached answer.
+    pub async fn flash_lookup(&self, id: Option<u64>, query: &str) -> Result<Lookup, ApiError> {
+        let query = query.to_string();
+        self.call(|reply| Command::FlashLookup { id, query, reply })
+            .await
+    }
+
+    /// With `pre_decode`: the ready position's choice and the data version.
+    pub async fn ready(&self) -> Result<(Option<(u32, f32)>, u64), ApiError> {
+        self.call(|reply| Command::Ready { reply }).await
+    }
+
+    /// The durable context a question runs against.
+    pub async fn context(&self) -> Result<Context, ApiError> {
+        self.call(|reply| Command::Context { reply }).await
+    }
+
+    /// `connected` and a `flash_ready` for every cached answer, for a new stream.
+    pub async fn stream_opening(&self) -> Result<(Value, Vec<Value>), ApiError> {
+        self.call(|reply| Command::StreamOpening { reply }).await
+    }
+
+    /// Claim the session for a turn (409 when one is in flight). The ticket ends the turn
+    /// when it drops, whether or not the turn ran.
+    pub async fn begin_turn(self: &Arc<Self>) -> Result<TurnTicket, ApiError> {
+        let id = self.next_turn.fetch_add(1, Ordering::Relaxed);
+        let ticket = TurnTicket {
+            session: self.clone(),
+            id,
+            history: None,
+        };
+        self.call(|reply| Command::BeginTurn { id, reply })
+            .await??;
+        Ok(ticket)
+    }
+
+    /// Prefill `prompt` onto the session as background work; the warm's JSON reply.
+    pub async fn warm(&self, prompt: Vec<u32>) -> Result<Value, ApiError> {
+        self.call(|reply| Command::Warm { prompt, reply }).await?
+    }
+
+    /// Delete: refused with 409 while a client request runs on the session. Background work
+    /// is cancelled, then its KV is released; resolves when it is.
+    pub async fn delete(&self) -> Result<(), ApiError> {
+        self.call(|reply| Command::Delete { reply }).await?
+    }
+
+    /// Delete if idle past `ttl` (no request, pending data or attached stream).
+    pub async fn expire_if_idle(&self, ttl: Duration) -> bool {
+        (self
+            .call(|reply| Command::ExpireIfIdle { ttl, reply })
+            .await)
+            .unwrap_or(false)
+    }
+
+    /// Tell the session's streams the server is shutting down, and end its work.
+    pub fn shutdown(&self) {
+        self.send(Command::Shutdown);
+    }
+}
+
+/// A client request in flight on the session (it cannot be deleted meanwhile).
+pub struct ForegroundGuard(Arc<Session>);
+
+impl ForegroundGuard {
+    pub fn new(session: Arc<Session>) -> Self {
+        session.send(Command::Foreground { delta: 1 });
+        ForegroundGuard(session)
+    }
+}
+
+impl Drop for ForegroundGuard {
+    fn drop(&mut self) {
+        self.0.send(Command::Foreground { delta: -1 });
+    }
+}
+
+/// An attached event stream (an attached session never expires).
+pub struct Subscriber(pub Arc<Session>);
+
+impl Subscriber {
+    pub fn new(session: Arc<Session>) -> Self {
+        session.send(Command::Subscribers { delta: 1 });
+        Subscriber(session)
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.0.send(Command::Subscribers { delta: -1 });
+    }
+}
+
+/// A turn on the session: its end (with the history to keep, on a normal finish) reaches the
+/// actor when the ticket drops.
+pub struct TurnTicket {
+    session: Arc<Session>,
+    id: u64,
+    history: Option<Vec<u32>>,
+}
+
+impl TurnTicket {
+    /// Keep `history` (the prompt and reply) as the session's durable context.
+    pub fn keep(mut self, history: Vec<u32>) {
+        self.history = Some(history);
+    }
+}
+
+impl Drop for TurnTicket {
+    fn drop(&mut self) {
+        let history = self.history.take();
+        self.session.send(Command::EndTurn {
+            id: self.id,
+            history,
+        });
+    }
+}
