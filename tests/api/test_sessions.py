@@ -1180,6 +1180,29 @@ def test_window_evict_to_evicts_further_when_it_evicts(qclient, qwen, janitor):
     check_error(r, 400, ("evict_to",))
 
 
+def test_window_mode_shift_keeps_the_window_without_recompute(qclient, qwen, janitor):
+    """`window_mode: "shift"` (approximate, Vigil): the same entries are retained as in exact
+    mode, evictions are done by shifting the kept KV instead of recomputing it, and the session
+    still answers; the mode is refused without a window or with an unknown name."""
+    entries = [f"Reading {i}: level {40 + i} percent" for i in range(30)]
+    shift = create(qclient, qwen, janitor, window=60, window_mode="shift")
+    exact = create(qclient, qwen, janitor, window=60)
+    for e in entries:
+        qclient.sessions.push(shift.id, e, wait=True)
+        qclient.sessions.push(exact.id, e, wait=True)
+    a, ad = settle_session(qwen, shift.id)
+    b, bd = settle_session(qwen, exact.id)
+    assert ad["entries"] == bd["entries"] and a["evicted"] == b["evicted"] > 0, (a, b)
+    assert a["window_mode"] == "shift" and b["window_mode"] == "exact"
+    assert a["window_shifts"] > 0 and a["window_recomputes"] == 0, a
+    assert b["window_recomputes"] > 0 and b["window_shifts"] == 0, b
+    assert a["kv_tokens"] == a["data_end"], a
+    g = qclient.sessions.generate(shift.id, prompt="Last level?", max_tokens=4, temperature=0)
+    assert g.usage.completion_tokens >= 1
+    check_error(raw(qwen, "POST", "/v1/sessions", {"window_mode": "shift"}), 400, ("window_mode",))
+    check_error(raw(qwen, "POST", "/v1/sessions", {"window": 60, "window_mode": "rotate"}), 400)
+
+
 def test_session_generate_over_capacity_is_503(overload):
     """A session generate is a foreground request like any other: past `--max-seqs` +
     `--max-queue` it is refused with 503 (the client's InternalServerError); data pushed

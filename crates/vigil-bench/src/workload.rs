@@ -147,6 +147,10 @@ pub struct Settings {
     /// live-stream: chat streams kept running beside the stream on every target (closed loop,
     /// 64 tokens each request), to measure session work under a saturated engine.
     pub chat_streams: u32,
+    /// live-stream: the session window's mode (Vigil: `exact`, `shift`); `None` sends none.
+    /// With `shift`, the run ends by measuring its answer agreement with `exact`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_mode: Option<String>,
     /// matrix: context lengths (rows) and simultaneous requests (columns); each decode cell
     /// runs `matrix_duration_s` seconds of requests asking `matrix_max_output` tokens.
     pub matrix_contexts: Vec<u32>,
@@ -192,6 +196,7 @@ impl Default for Settings {
             replay_iterations: None,
             cold_iterations: None,
             chat_streams: 0,
+            window_mode: None,
             matrix_contexts: vec![1024, 4096],
             matrix_concurrency: vec![1, 2, 4, 8],
             matrix_duration_s: 30,

@@ -129,6 +129,11 @@ struct RunArgs {
     /// request), to measure ingest under a saturated engine [default: 0].
     #[arg(long)]
     chat_streams: Option<u32>,
+    /// live-stream: the session window mode, `exact` or `shift` (Vigil's approximate
+    /// position shift); with `shift` the run ends by measuring answer agreement with `exact`
+    /// [default: the server's, exact].
+    #[arg(long, value_parser = ["exact", "shift"])]
+    window_mode: Option<String>,
     /// matrix: context lengths, the grid's rows [default: 1024,4096].
     #[arg(long, value_delimiter = ',')]
     matrix_contexts: Option<Vec<u32>>,
@@ -203,6 +208,7 @@ fn run_workload(a: RunArgs) -> Result<()> {
         replay_iterations: a.replay_iterations.or(d.replay_iterations),
         cold_iterations: a.cold_iterations.or(d.cold_iterations),
         chat_streams: a.chat_streams.unwrap_or(d.chat_streams),
+        window_mode: a.window_mode.clone().or(d.window_mode),
         matrix_contexts: a.matrix_contexts.unwrap_or(d.matrix_contexts),
         matrix_concurrency: a.matrix_concurrency.unwrap_or(d.matrix_concurrency),
         matrix_duration_s: a.matrix_duration_seconds.unwrap_or(d.matrix_duration_s),

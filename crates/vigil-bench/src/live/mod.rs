@@ -15,10 +15,12 @@
 //! is recorded (`late_ms`): a server slower than the cadence is timed at its own pace under the
 //! stream's load, not by a queue that grows with N.
 
+mod agreement;
 pub mod entries;
 mod load;
 mod session;
 
+pub use agreement::Agreement;
 pub use entries::{sensor_fields, CountMethod, Entry, EntrySource, TokenCounter, Window};
 pub use load::ChatLoad;
 pub use session::Session;
@@ -96,6 +98,12 @@ pub struct LiveRecord {
     /// Each resident push: `[ms from the stream's start to its ack, ms to resident]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resident_timeline: Vec<[f64; 2]>,
+    /// The window mode asked for (`--window-mode`), and with `shift` its flash answers'
+    /// agreement with exact mode over the stream's entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_agreement: Option<Agreement>,
 }
 
 /// Whether the client's window is what the session holds.
@@ -157,7 +165,10 @@ pub async fn run_target(
         ..LiveRecord::default()
     };
     let timeout = Duration::from_secs(ctx.settings.request_timeout_s);
-    let session = Session::create(client, shape.window_tokens, evict_to, SYSTEM_PROMPT).await?;
+    let mode = ctx.settings.window_mode.as_deref();
+    let session =
+        Session::create_with(client, shape.window_tokens, evict_to, SYSTEM_PROMPT, mode).await?;
+    record.window_mode = mode.map(str::to_string);
     let mut flash_id = None;
     if let Some(s) = &session {
         record.sessions = true;
@@ -200,6 +211,7 @@ pub async fn run_target(
         sized: Notify::new(),
         taken: Notify::new(),
         tokens: Mutex::new(tokens),
+        texts: Mutex::new(fill),
         window: Mutex::new(window),
         session: tokio::sync::Mutex::new(session),
         record: Mutex::new(record),
@@ -256,6 +268,25 @@ pub async fn run_target(
         ) = stream.residency.summary(started);
     }
     record.chat_load = chat_load;
+    if record.sessions && mode == Some("shift") {
+        let texts = stream.texts.into_inner().unwrap_or_default();
+        eprintln!(
+            "[{}] live-stream: shift-mode answer agreement over {} entries",
+            ctx.name,
+            texts.len()
+        );
+        let twin = agreement::Twin {
+            client,
+            window: shape.window_tokens,
+            evict_to,
+            answer_tokens: shape.answer_tokens,
+            timeout,
+        };
+        match twin.run(&texts).await {
+            Ok(a) => record.window_agreement = Some(a),
+            Err(e) => record.errors.push(format!("window agreement: {e}")),
+        }
+    }
     Ok((record, measured))
 }
 
@@ -293,8 +324,9 @@ struct Stream<'a> {
     ready: Mutex<VecDeque<Entry>>,
     sized: Notify,
     taken: Notify,
-    /// Token counts of every entry pushed, in order.
+    /// Token counts and texts of every entry pushed, in order.
     tokens: Mutex<Vec<u32>>,
+    texts: Mutex<Vec<String>>,
     window: Mutex<Window>,
     /// The session the pusher pushes to; taken out (and deleted) before the replay phase.
     session: tokio::sync::Mutex<Option<Session>>,
@@ -380,6 +412,9 @@ impl Stream<'_> {
             }
             if let Ok(mut t) = self.tokens.lock() {
                 t.push(entry.tokens);
+            }
+            if let Ok(mut t) = self.texts.lock() {
+                t.push(entry.text.clone());
             }
             let Some(s) = session.as_ref() else { continue };
             let ack = s.push(std::slice::from_ref(&entry.text)).await;

@@ -25,7 +25,21 @@ impl Session {
         evict_to: u32,
         prompt: &str,
     ) -> Result<Option<Session>, BenchError> {
-        let body = json!({"window": window, "evict_to": evict_to, "prompt": prompt});
+        Self::create_with(client, window, evict_to, prompt, None).await
+    }
+
+    /// `create`, naming the window mode (Vigil: `exact` or `shift`) when given.
+    pub async fn create_with(
+        client: &Client,
+        window: u32,
+        evict_to: u32,
+        prompt: &str,
+        window_mode: Option<&str>,
+    ) -> Result<Option<Session>, BenchError> {
+        let mut body = json!({"window": window, "evict_to": evict_to, "prompt": prompt});
+        if let Some(m) = window_mode {
+            body["window_mode"] = json!(m);
+        }
         match client.post_json("/v1/sessions", &body).await {
             Ok(v) => {
                 let id = v

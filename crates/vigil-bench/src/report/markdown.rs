@@ -231,6 +231,16 @@ fn live_section(md: &mut String, files: &[RunFile], heads: &[String], rows: &[Ve
                     c.ttft_ms.map_or("?".into(), |t| fmt_num(t.p50))
                 );
             }
+            if let Some(m) = &l.window_mode {
+                let _ = write!(line, "; window mode {m}");
+            }
+            if let Some(a) = &l.window_agreement {
+                let _ = write!(
+                    line,
+                    "; flash answers equal to exact mode's after {} of {} entries ({} shifts)",
+                    a.agreed, a.compared, a.shifts
+                );
+            }
             if !l.sessions {
                 line.push_str("; no session API");
             }
