@@ -572,9 +572,14 @@ impl EngineLoop {
         published: &mut Option<u64>,
     ) {
         if *published != Some(pins.generation) {
-            let mut map = pin_kv.lock().unwrap_or_else(|e| e.into_inner());
-            map.clear();
-            map.extend(pins.kv_tokens());
+            // Built outside the lock and swapped in: this thread runs at compute priority and
+            // may be preempted anywhere, so it holds the lock readers wait on for a swap only.
+            let fresh: HashMap<PinKey, usize> = pins.kv_tokens().collect();
+            let stale = {
+                let mut map = pin_kv.lock().unwrap_or_else(|e| e.into_inner());
+                std::mem::replace(&mut *map, fresh)
+            };
+            drop(stale);
             *published = Some(pins.generation);
         }
     }

@@ -29,8 +29,10 @@ type Reply<T> = oneshot::Sender<T>;
 /// What the handle asks of the actor.
 pub enum Command {
     Touch,
+    /// `kv`: the pin's KV tokens, read by the caller (the actor never waits on the engine).
     Describe {
         touch: bool,
+        kv: usize,
         reply: Reply<Value>,
     },
     Data {
@@ -54,11 +56,6 @@ pub enum Command {
     FlashQuery {
         id: u64,
         reply: Reply<Option<String>>,
-    },
-    FlashLookup {
-        id: Option<u64>,
-        query: String,
-        reply: Reply<Lookup>,
     },
     Ready {
         reply: Reply<(Option<(u32, f32)>, u64)>,
@@ -141,6 +138,14 @@ pub const FLASH_QUEUE_WAIT: Duration = Duration::from_secs(1);
 /// Longest a deletion waits for engine work in flight to let go before dropping the KV.
 const DELETE_WAIT: Duration = Duration::from_secs(2);
 
+/// What the actor tells the handles without a message: flash rounds ended, the session is
+/// gone, the flash answers.
+pub struct Signals {
+    pub rounds: watch::Sender<u64>,
+    pub gone: watch::Sender<bool>,
+    pub flash_view: watch::Sender<Arc<super::flash::FlashView>>,
+}
+
 struct Deleting {
     reply: Option<Reply<Result<(), ApiError>>>,
     expired: Option<Reply<bool>>,
@@ -155,6 +160,11 @@ pub struct SessionActor {
     pub events: Arc<EventBus>,
     pub rounds: watch::Sender<u64>,
     pub gone: watch::Sender<bool>,
+    pub flash_view: watch::Sender<Arc<super::flash::FlashView>>,
+    /// Bumped when the flash queries or their answers change; with the data version, what
+    /// the published view was built from.
+    pub flash_epoch: u64,
+    pub published_flash: Option<(u64, u64)>,
     commands: mpsc::UnboundedReceiver<Command>,
     commands_closed: bool,
     pub jobs_tx: mpsc::UnboundedSender<JobResult>,
@@ -176,9 +186,13 @@ impl SessionActor {
         deps: SessionDeps,
         events: Arc<EventBus>,
         commands: mpsc::UnboundedReceiver<Command>,
-        rounds: watch::Sender<u64>,
-        gone: watch::Sender<bool>,
+        signals: Signals,
     ) -> Self {
+        let Signals {
+            rounds,
+            gone,
+            flash_view,
+        } = signals;
         let (jobs_tx, jobs) = mpsc::unbounded_channel();
         SessionActor {
             st: SessionState::new(settings.opening.clone()),
@@ -188,6 +202,9 @@ impl SessionActor {
             events,
             rounds,
             gone,
+            flash_view,
+            flash_epoch: 0,
+            published_flash: None,
             commands,
             commands_closed: false,
             jobs_tx,
@@ -204,6 +221,7 @@ impl SessionActor {
     pub async fn run(mut self) {
         loop {
             self.schedule();
+            self.publish_flash();
             if self.deletion_done() {
                 self.finish_delete();
                 return;
@@ -231,12 +249,11 @@ impl SessionActor {
         }
         match cmd {
             Command::Touch => self.st.touch(),
-            Command::Describe { touch, reply } => {
+            Command::Describe { touch, kv, reply } => {
                 let last = self.st.last_used_unix;
                 if touch {
                     self.st.touch();
                 }
-                let kv = self.deps.engine.pin_kv_tokens(self.head.pin);
                 let _ = reply.send(self.st.to_json(&self.head, &self.settings, kv, last));
             }
             Command::Data { reply } => {
@@ -257,9 +274,6 @@ impl SessionActor {
             Command::FlashQuery { id, reply } => {
                 let q = self.st.flash.iter().find(|q| q.id == id);
                 let _ = reply.send(q.map(|q| q.query.clone()));
-            }
-            Command::FlashLookup { id, query, reply } => {
-                let _ = reply.send(self.lookup(id, &query));
             }
             Command::Ready { reply } => {
                 let _ = reply.send((self.st.ready, self.st.data_version));

@@ -142,6 +142,36 @@ pub fn logit_gap(top: &[(u32, f32)]) -> f32 {
     }
 }
 
+/// The flash queries and their answers as the actor last published them: a flash hit reads
+/// this from the handle, without a message to the actor (the hot path never waits for the
+/// actor's task to be scheduled).
+#[derive(Debug, Default)]
+pub struct FlashView {
+    pub data_version: u64,
+    pub queries: Vec<(u64, String, Option<FlashAnswer>)>,
+}
+
+impl FlashView {
+    /// The query named by id (or else by its text), and its cached answer.
+    pub fn lookup(&self, id: Option<u64>, query: &str) -> Lookup {
+        let found = match id {
+            Some(fid) => match self.queries.iter().find(|q| q.0 == fid) {
+                Some(q) => q,
+                None => return Lookup::NoSuchId,
+            },
+            None => match self.queries.iter().find(|q| q.1 == query) {
+                Some(q) => q,
+                None => return Lookup::NotRegistered,
+            },
+        };
+        Lookup::Found {
+            id: found.0,
+            answer: found.2.clone(),
+            data_version: self.data_version,
+        }
+    }
+}
+
 /// A query due for evaluation, as the round's task sees it.
 struct Due {
     id: u64,
@@ -195,6 +225,7 @@ impl SessionActor {
         st.next_flash_id += 1;
         let v = q.to_json(st.data_version);
         st.flash.push(q);
+        self.flash_epoch += 1;
         Ok(v)
     }
 
@@ -216,33 +247,32 @@ impl SessionActor {
                 self.head.id
             )));
         }
+        self.flash_epoch += 1;
         Ok(
             json!({"id": id, "object": "session.flash_query.deleted", "deleted": true, "remaining": st.flash.len()}),
         )
     }
 
-    pub(super) fn lookup(&self, id: Option<u64>, query: &str) -> Lookup {
-        let q = match id {
-            Some(fid) => match self.st.flash.iter().find(|q| q.id == fid) {
-                Some(q) => q,
-                None => return Lookup::NoSuchId,
-            },
-            None => match self.st.flash.iter().find(|q| q.query == query) {
-                Some(q) => q,
-                None => return Lookup::NotRegistered,
-            },
-        };
-        Lookup::Found {
-            id: q.id,
-            answer: q.answer.clone(),
-            data_version: self.st.data_version,
+    /// Publish the flash view if the queries, their answers or the data version changed.
+    pub(super) fn publish_flash(&mut self) {
+        let now = (self.st.data_version, self.flash_epoch);
+        if self.published_flash == Some(now) {
+            return;
         }
+        self.published_flash = Some(now);
+        let queries = (self.st.flash.iter())
+            .map(|q| (q.id, q.query.clone(), q.answer.clone()))
+            .collect();
+        self.flash_view.send_replace(std::sync::Arc::new(FlashView {
+            data_version: self.st.data_version,
+            queries,
+        }));
     }
 
     /// Start a round for every query behind the newest version (none before any data).
     pub(super) fn start_round(&mut self) {
         let v = self.st.data_version;
-        if v == 0 {
+        if v == 0 || !self.st.flash.iter().any(|q| q.due_at(v)) {
             return;
         }
         let mirror = self.st.mirror();
@@ -335,6 +365,9 @@ impl SessionActor {
                 self.events.publish("flash_ready", data);
             }
         }
+        // The view first: a generate woken by the round reads the answers it brought.
+        self.flash_epoch += 1;
+        self.publish_flash();
         self.rounds.send_modify(|n| *n += 1);
     }
 

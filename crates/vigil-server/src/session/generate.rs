@@ -312,7 +312,7 @@ async fn flash_answer(
     loop {
         // Marked seen before asking, so a round that ends after the answer wakes the wait.
         done.borrow_and_update();
-        let (found, current) = match session.flash_lookup(w.flash_id, w.query).await? {
+        let (found, current) = match session.flash_lookup(w.flash_id, w.query) {
             Lookup::NotRegistered => return Ok(None),
             Lookup::NoSuchId => {
                 return Err(ApiError::not_found(format!(

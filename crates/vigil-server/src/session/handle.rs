@@ -3,7 +3,7 @@
 //! a request or a stream on the session tell the actor when they drop, so a client that goes
 //! away releases what it held.
 
-use super::actor::{Command, Context, Lookup, SessionActor};
+use super::actor::{Command, Context, Lookup, SessionActor, Signals};
 use super::engine_work::SessionDeps;
 use super::events::EventBus;
 use super::flash::FlashSpec;
@@ -22,6 +22,12 @@ pub struct Session {
     pub settings: Arc<SessionSettings>,
     pub events: Arc<EventBus>,
     commands: mpsc::UnboundedSender<Command>,
+    /// Read for `kv_tokens` here, not in the actor: the engine's pin map is behind a mutex
+    /// the engine thread (at compute priority) holds while it publishes, and the actor must
+    /// never wait on it (a flash hit queued behind it would).
+    engine: vigil_engine::engine_thread::EngineHandle,
+    /// The flash queries and answers the actor last published.
+    flash_view: watch::Receiver<Arc<super::flash::FlashView>>,
     /// Counts flash evaluation rounds as they end (a generate waiting for a fresher answer).
     rounds: watch::Receiver<u64>,
     /// Set once the session is deleted (or the server shuts down).
@@ -35,6 +41,7 @@ impl Session {
         let (commands, rx) = mpsc::unbounded_channel();
         let (rounds_tx, rounds) = watch::channel(0);
         let (gone_tx, gone) = watch::channel(false);
+        let (view_tx, flash_view) = watch::channel(Arc::default());
         let settings = Arc::new(settings);
         let events = Arc::new(EventBus::new());
         let handle = Session {
@@ -44,11 +51,24 @@ impl Session {
             settings: settings.clone(),
             events: events.clone(),
             commands,
+            engine: deps.engine.clone(),
+            flash_view,
             rounds,
             gone,
             next_turn: AtomicU64::new(1),
         };
-        let actor = SessionActor::new(head, settings, deps, events, rx, rounds_tx, gone_tx);
+        let actor = SessionActor::new(
+            head,
+            settings,
+            deps,
+            events,
+            rx,
+            Signals {
+                rounds: rounds_tx,
+                gone: gone_tx,
+                flash_view: view_tx,
+            },
+        );
         tokio::spawn(actor.run());
         handle
     }
@@ -96,7 +116,9 @@ impl Session {
 
     /// The session object; `touch` restarts the idle clock (`last_used` is the value before).
     pub async fn describe(&self, touch: bool) -> Result<Value, ApiError> {
-        self.call(|reply| Command::Describe { touch, reply }).await
+        let kv = self.engine.pin_kv_tokens(self.pin);
+        self.call(|reply| Command::Describe { touch, kv, reply })
+            .await
     }
 
     pub async fn data(&self) -> Result<Value, ApiError> {
@@ -126,11 +148,10 @@ impl Session {
         self.call(|reply| Command::FlashQuery { id, reply }).await
     }
 
-    /// The flash query named by id (or else by its text), and its cached answer.
-    pub async fn flash_lookup(&self, id: Option<u64>, query: &str) -> Result<Lookup, ApiError> {
-        let query = query.to_string();
-        self.call(|reply| Command::FlashLookup { id, query, reply })
-            .await
+    /// The flash query named by id (or else by its text), and its cached answer, from the
+    /// view the actor published (no message: a hit never waits for the actor).
+    pub fn flash_lookup(&self, id: Option<u64>, query: &str) -> Lookup {
+        self.flash_view.borrow().lookup(id, query)
     }
 
     /// With `pre_decode`: the ready position's choice and the data version.

@@ -82,7 +82,7 @@ async fn fresh_answer(s: &Session, q: &str) -> (Vec<u32>, String, u64) {
             answer: Some(a),
             data_version,
             ..
-        } = s.flash_lookup(None, q).await.unwrap()
+        } = s.flash_lookup(None, q)
         {
             if a.data_version == data_version && data_version > 0 {
                 return (a.ids, a.value, a.data_version);
