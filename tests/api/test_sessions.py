@@ -255,6 +255,42 @@ def test_push_acks_and_wait(client, smol, janitor):
     assert session_data(smol, s.id)["entries"][-1] == "fourth line"
 
 
+def test_http_push_wait_answers_once_the_entries_are_resident(client, smol, janitor):
+    """Vigil's `wait: true` on the HTTP push: the ack comes when the entries are in the KV, and
+    a generate asking for that `data_version` answers over them."""
+    s = create(client, smol, janitor)
+    r = raw(smol, "POST", f"/v1/sessions/{s.id}/push", {"data": ["12:00 pump on", "12:05 pump off"], "wait": True})
+    assert r.status_code == 200, r.text
+    a = r.json()
+    assert a["resident"] is True and a["pending"] == 0 and a["data_version"] >= 1, a
+    assert (a["pushed"], a["total_pushed"], a["total_dropped"]) == (2, 2, 0), a
+    got = client.sessions.get(s.id)
+    assert got.data_version == a["data_version"] and got.kv_tokens + 1 >= got.data_end, got
+    assert session_data(smol, s.id)["entries"] == ["12:00 pump on", "12:05 pump off"]
+
+    # Without waiting, a generate that asks for the next version waits for the batch.
+    ack = raw(smol, "POST", f"/v1/sessions/{s.id}/push", {"data": "12:10 pump on"}).json()
+    assert ack["data_version"] == a["data_version"] and "resident" not in ack, ack
+    body = {"prompt": "Is the pump on?", "max_tokens": 4, "temperature": 0, "min_data_version": ack["data_version"] + 1}
+    r = raw(smol, "POST", f"/v1/sessions/{s.id}/generate", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["data_version"] >= ack["data_version"] + 1, r.json()
+    assert session_data(smol, s.id)["entries"][-1] == "12:10 pump on"
+
+
+def test_flash_query_asked_before_its_first_answer_waits_for_the_evaluation(client, smol, janitor):
+    """A generate matching a flash query that has no answer yet, while its evaluation is due,
+    is answered by that evaluation (flash: true), not by a second generation."""
+    s = create(client, smol, janitor)
+    q = "Is any sensor above 30 C? Answer yes or no."
+    f = client.sessions.flash(s.id, query=q, max_tokens=4)
+    client.sessions.push(s.id, ["12:00 sensor-1 21.5 C", "12:01 sensor-2 31.2 C"], wait=True)
+    g = client.sessions.generate(s.id, prompt=q)
+    assert g.flash is True and g.flash_id == f.id, g
+    listed = next(x for x in client.sessions.list_flash(s.id).data if x.id == f.id)
+    assert listed.value == g.text and listed.data_version == g.data_version >= 1, (listed, g)
+
+
 def test_pending_bytes_limit_drops_oldest(qwen, janitor):
     s = janitor.create(qwen, max_pending_bytes=40)
     entries = [f"entry{i:04d}" for i in range(10)]  # 9 bytes each, 90 in all
@@ -771,6 +807,11 @@ BAD_REQUESTS = [
     ("push", {}, "data"),
     ("push", {"data": 5}, "data"),
     ("push", {"data": "x", "frobnicate": 1}, "frobnicate"),
+    ("push", {"data": "x", "wait": "yes"}, "wait"),
+    ("push", {"data": "x", "wait_timeout": 5}, "wait_timeout"),
+    ("push", {"data": "x", "wait": True, "wait_timeout": 0}, "wait_timeout"),
+    ("push", {"data": "x", "wait": True, "wait_timeout": 1e9}, "wait_timeout"),
+    ("generate", {"prompt": "hi", "min_data_version": 5}, "min_data_version"),
     ("generate", {"prompt": ""}, "prompt"),
     ("generate", {}, "prompt"),
     ("generate", {"prompt": "hi", "messages": USER}, "messages"),

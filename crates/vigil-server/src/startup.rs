@@ -58,6 +58,9 @@ pub enum ServeError {
 }
 
 pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), ServeError> {
+    // The model's header and the KV sizing first: a model that cannot load fails before
+    // anything says the server is listening.
+    let sizing = plan(&opts)?;
     let addr = format!("{}:{}", config.host, config.port);
     let listener = std::net::TcpListener::bind(&addr).map_err(|source| ServeError::Bind {
         addr: addr.clone(),
@@ -66,7 +69,6 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
     listener.set_nonblocking(true)?;
     tracing::info!("listening on http://{addr} (loading the model)");
 
-    let sizing = plan(&opts)?;
     let started = Instant::now();
     let (stop_loading, loading_stopped) = tokio::sync::oneshot::channel::<()>();
     let loading_listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;

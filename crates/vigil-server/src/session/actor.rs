@@ -110,6 +110,8 @@ pub enum Lookup {
     Found {
         id: u64,
         answer: Option<FlashAnswer>,
+        /// An evaluation at `data_version` is due or running.
+        due: bool,
         data_version: u64,
     },
 }
@@ -138,12 +140,28 @@ pub const FLASH_QUEUE_WAIT: Duration = Duration::from_secs(1);
 /// Longest a deletion waits for engine work in flight to let go before dropping the KV.
 const DELETE_WAIT: Duration = Duration::from_secs(2);
 
-/// What the actor tells the handles without a message: flash rounds ended, the session is
-/// gone, the flash answers.
+/// What the actor tells the handles without a message: the data's progress and the flash
+/// rounds, the session is gone, the flash answers.
 pub struct Signals {
-    pub rounds: watch::Sender<u64>,
+    pub progress: watch::Sender<Progress>,
     pub gone: watch::Sender<bool>,
     pub flash_view: watch::Sender<Arc<super::flash::FlashView>>,
+}
+
+/// What a request waiting on the session watches (a push waiting for its entries, a
+/// generate waiting for a version or a fresher flash answer). Published after the flash
+/// view, so a waiter woken by a change reads a view at least as new.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub data_version: u64,
+    pub total_ingested: u64,
+    pub total_dropped: u64,
+    /// Entries queued, not yet in a batch.
+    pub pending: usize,
+    /// Entries are queued or a batch is in flight: the version will move on.
+    pub ingesting: bool,
+    /// Flash rounds ended so far.
+    pub rounds: u64,
 }
 
 struct Deleting {
@@ -158,7 +176,9 @@ pub struct SessionActor {
     pub deps: SessionDeps,
     pub st: SessionState,
     pub events: Arc<EventBus>,
-    pub rounds: watch::Sender<u64>,
+    pub progress: watch::Sender<Progress>,
+    /// Flash rounds ended so far (published in `progress`).
+    pub rounds_done: u64,
     pub gone: watch::Sender<bool>,
     pub flash_view: watch::Sender<Arc<super::flash::FlashView>>,
     /// Bumped when the flash queries or their answers change; with the data version, what
@@ -189,7 +209,7 @@ impl SessionActor {
         signals: Signals,
     ) -> Self {
         let Signals {
-            rounds,
+            progress,
             gone,
             flash_view,
         } = signals;
@@ -200,7 +220,8 @@ impl SessionActor {
             settings,
             deps,
             events,
-            rounds,
+            progress,
+            rounds_done: 0,
             gone,
             flash_view,
             flash_epoch: 0,
@@ -222,6 +243,7 @@ impl SessionActor {
         loop {
             self.schedule();
             self.publish_flash();
+            self.publish_progress();
             if self.deletion_done() {
                 self.finish_delete();
                 return;
@@ -369,6 +391,23 @@ impl SessionActor {
         if !self.flash_running {
             self.start_round();
         }
+    }
+
+    /// Tell waiters how far the data and the flash rounds are, if that changed.
+    fn publish_progress(&mut self) {
+        let now = Progress {
+            data_version: self.st.data_version,
+            total_ingested: self.st.total_ingested,
+            total_dropped: self.st.total_dropped,
+            pending: self.st.pending.len(),
+            ingesting: !self.st.pending.is_empty() || matches!(self.writer, Writer::Ingest),
+            rounds: self.rounds_done,
+        };
+        self.progress.send_if_modified(|p| {
+            let changed = *p != now;
+            *p = now;
+            changed
+        });
     }
 
     /// Whether the next batch still waits for the flash round at the current version.

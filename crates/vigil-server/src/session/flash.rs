@@ -148,25 +148,36 @@ pub fn logit_gap(top: &[(u32, f32)]) -> f32 {
 #[derive(Debug, Default)]
 pub struct FlashView {
     pub data_version: u64,
-    pub queries: Vec<(u64, String, Option<FlashAnswer>)>,
+    pub queries: Vec<ViewQuery>,
+}
+
+/// One query as the view shows it.
+#[derive(Debug)]
+pub struct ViewQuery {
+    pub id: u64,
+    pub query: String,
+    pub answer: Option<FlashAnswer>,
+    /// An evaluation at the view's version is due (or running): a newer answer is coming.
+    pub due: bool,
 }
 
 impl FlashView {
     /// The query named by id (or else by its text), and its cached answer.
     pub fn lookup(&self, id: Option<u64>, query: &str) -> Lookup {
         let found = match id {
-            Some(fid) => match self.queries.iter().find(|q| q.0 == fid) {
+            Some(fid) => match self.queries.iter().find(|q| q.id == fid) {
                 Some(q) => q,
                 None => return Lookup::NoSuchId,
             },
-            None => match self.queries.iter().find(|q| q.1 == query) {
+            None => match self.queries.iter().find(|q| q.query == query) {
                 Some(q) => q,
                 None => return Lookup::NotRegistered,
             },
         };
         Lookup::Found {
-            id: found.0,
-            answer: found.2.clone(),
+            id: found.id,
+            answer: found.answer.clone(),
+            due: found.due,
             data_version: self.data_version,
         }
     }
@@ -260,8 +271,14 @@ impl SessionActor {
             return;
         }
         self.published_flash = Some(now);
+        let v = self.st.data_version;
         let queries = (self.st.flash.iter())
-            .map(|q| (q.id, q.query.clone(), q.answer.clone()))
+            .map(|q| ViewQuery {
+                id: q.id,
+                query: q.query.clone(),
+                answer: q.answer.clone(),
+                due: v > 0 && q.due_at(v),
+            })
             .collect();
         self.flash_view.send_replace(std::sync::Arc::new(FlashView {
             data_version: self.st.data_version,
@@ -365,10 +382,10 @@ impl SessionActor {
                 self.events.publish("flash_ready", data);
             }
         }
-        // The view first: a generate woken by the round reads the answers it brought.
+        // Published view first, then progress (the run loop): a generate woken by the round
+        // reads the answers it brought.
         self.flash_epoch += 1;
-        self.publish_flash();
-        self.rounds.send_modify(|n| *n += 1);
+        self.rounds_done += 1;
     }
 
     /// Park query `id` at `version` with the reason its evaluation did not run, and tell the

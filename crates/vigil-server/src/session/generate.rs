@@ -159,6 +159,9 @@ async fn generate_inner(
         }
     }
 
+    if let Some(v) = req.min_data_version {
+        reach_version(&session, v).await?;
+    }
     let guard = ForegroundGuard::new(session.clone());
     let ctx = session.context().await?;
     let (mirror, version, layout_now) = (ctx.mirror, ctx.data_version, ctx.layout);
@@ -300,19 +303,21 @@ struct FlashWanted<'a> {
 
 /// The cached answer for the asked flash query, if one may be served: a fresh one, a stale one
 /// (marked) when the caller set no freshness bound, or one that meets the bound once the
-/// evaluation in flight ends. `None` means generate.
+/// evaluation in flight ends. A query with no answer yet waits for the evaluation that is
+/// due (it started before this request and costs no more than generating). `None` means
+/// generate.
 async fn flash_answer(
     state: &SharedState,
     session: &Arc<Session>,
     w: FlashWanted<'_>,
 ) -> Result<Option<Shortcut>, ApiError> {
     let demanded = w.min_data_version.is_some() || w.max_staleness.is_some();
-    let mut done = session.rounds();
+    let mut progress = session.progress();
     let deadline = tokio::time::Instant::now() + FRESHNESS_WAIT;
     loop {
-        // Marked seen before asking, so a round that ends after the answer wakes the wait.
-        done.borrow_and_update();
-        let (found, current) = match session.flash_lookup(w.flash_id, w.query) {
+        // Marked seen before reading the view, so a change after it wakes the wait.
+        let ingesting = progress.borrow_and_update().ingesting;
+        let (found, due, current) = match session.flash_lookup(w.flash_id, w.query) {
             Lookup::NotRegistered => return Ok(None),
             Lookup::NoSuchId => {
                 return Err(ApiError::not_found(format!(
@@ -324,8 +329,9 @@ async fn flash_answer(
             Lookup::Found {
                 id,
                 answer,
+                due,
                 data_version,
-            } => (answer.map(|a| (id, a)), data_version),
+            } => (answer.map(|a| (id, a)), due, data_version),
         };
         let required = w
             .min_data_version
@@ -336,22 +342,19 @@ async fn flash_answer(
                 state.metrics.flash_hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(Some(flash_shortcut(state, fid, a, current)));
             }
-            // No freshness demanded, or nothing will be evaluated before data arrives.
-            _ if !demanded || current == 0 => {
-                state.metrics.flash_misses.fetch_add(1, Ordering::Relaxed);
-                return Ok(None);
-            }
             _ => {}
         }
-        if required > current {
-            return Err(ApiError::invalid(
-                "min_data_version",
-                format!("the session is at data_version {current}; `min_data_version` {required} has not been reached"),
-            ));
+        if required > current && !ingesting {
+            return Err(version_not_reached(current, required));
         }
-        // Wait for the evaluation round in flight (the actor starts one whenever one is due).
+        if required <= current && !due {
+            // Nothing is coming at this version (no data yet, or the query is parked).
+            state.metrics.flash_misses.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        // Wait for the data to reach the version, or for the evaluation due at it.
         tokio::select! {
-            r = tokio::time::timeout_at(deadline, done.changed()) => if r.is_err() {
+            r = tokio::time::timeout_at(deadline, progress.changed()) => if r.is_err() {
                 state.metrics.flash_misses.fetch_add(1, Ordering::Relaxed);
                 return Ok(None);
             },
@@ -359,6 +362,41 @@ async fn flash_answer(
                 return Err(ApiError::not_found(format!("session `{}` was deleted", session.id)));
             }
         }
+    }
+}
+
+/// `min_data_version` is ahead of the session and no data is on its way.
+fn version_not_reached(current: u64, required: u64) -> ApiError {
+    ApiError::invalid(
+        "min_data_version",
+        format!("the session is at data_version {current} and has no data queued or being ingested; `min_data_version` {required} cannot be reached until more is pushed"),
+    )
+}
+
+/// Wait, for a generate that is not a flash hit, until the session's data reaches
+/// `min_data_version` (while data is queued or being ingested, up to `FRESHNESS_WAIT`).
+async fn reach_version(session: &Session, required: u64) -> Result<(), ApiError> {
+    let reached = session
+        .wait_progress(FRESHNESS_WAIT, |p| {
+            p.data_version >= required || !p.ingesting
+        })
+        .await;
+    match reached {
+        None => Err(ApiError::not_found(format!(
+            "session `{}` was deleted",
+            session.id
+        ))),
+        Some(p) if p.data_version >= required => Ok(()),
+        Some(p) if !p.ingesting => Err(version_not_reached(p.data_version, required)),
+        Some(p) => Err(ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "timeout_error",
+            format!(
+                "the session reached data_version {} of the {required} asked for within {} s; retry",
+                p.data_version,
+                FRESHNESS_WAIT.as_secs()
+            ),
+        )),
     }
 }
 

@@ -3,7 +3,7 @@
 //! a request or a stream on the session tell the actor when they drop, so a client that goes
 //! away releases what it held.
 
-use super::actor::{Command, Context, Lookup, SessionActor, Signals};
+use super::actor::{Command, Context, Lookup, Progress, SessionActor, Signals};
 use super::engine_work::SessionDeps;
 use super::events::EventBus;
 use super::flash::FlashSpec;
@@ -28,8 +28,8 @@ pub struct Session {
     engine: vigil_engine::engine_thread::EngineHandle,
     /// The flash queries and answers the actor last published.
     flash_view: watch::Receiver<Arc<super::flash::FlashView>>,
-    /// Counts flash evaluation rounds as they end (a generate waiting for a fresher answer).
-    rounds: watch::Receiver<u64>,
+    /// The data's progress and the flash rounds (what waiting requests watch).
+    progress: watch::Receiver<Progress>,
     /// Set once the session is deleted (or the server shuts down).
     gone: watch::Receiver<bool>,
     next_turn: AtomicU64,
@@ -39,7 +39,7 @@ impl Session {
     /// Start the session's actor and return its handle.
     pub fn spawn(head: Identity, settings: SessionSettings, deps: SessionDeps) -> Session {
         let (commands, rx) = mpsc::unbounded_channel();
-        let (rounds_tx, rounds) = watch::channel(0);
+        let (progress_tx, progress) = watch::channel(Progress::default());
         let (gone_tx, gone) = watch::channel(false);
         let (view_tx, flash_view) = watch::channel(Arc::default());
         let settings = Arc::new(settings);
@@ -53,7 +53,7 @@ impl Session {
             commands,
             engine: deps.engine.clone(),
             flash_view,
-            rounds,
+            progress,
             gone,
             next_turn: AtomicU64::new(1),
         };
@@ -64,7 +64,7 @@ impl Session {
             events,
             rx,
             Signals {
-                rounds: rounds_tx,
+                progress: progress_tx,
                 gone: gone_tx,
                 flash_view: view_tx,
             },
@@ -104,9 +104,28 @@ impl Session {
         let _ = rx.wait_for(|d| *d).await;
     }
 
-    /// A receiver of the flash round counter.
-    pub fn rounds(&self) -> watch::Receiver<u64> {
-        self.rounds.clone()
+    /// A receiver of the session's progress (data version, settled entries, flash rounds).
+    pub fn progress(&self) -> watch::Receiver<Progress> {
+        self.progress.clone()
+    }
+
+    /// Wait until `done` holds of the progress, the session is deleted, or `timeout` passes;
+    /// the progress then (`None`: the session was deleted).
+    pub async fn wait_progress(
+        &self,
+        timeout: Duration,
+        done: impl FnMut(&Progress) -> bool,
+    ) -> Option<Progress> {
+        let mut rx = self.progress.clone();
+        let until = tokio::time::Instant::now() + timeout;
+        tokio::select! {
+            r = tokio::time::timeout_at(until, rx.wait_for(done)) => match r {
+                Ok(Ok(p)) => Some(*p),
+                // Timed out (or the actor ended: then `gone` is set too).
+                _ => (!self.is_deleted()).then(|| *self.progress.borrow()),
+            },
+            () = self.wait_deleted() => None,
+        }
     }
 
     /// Restart the idle clock.

@@ -16,7 +16,7 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 pub const DEFAULT_MAX_PENDING: usize = 4096;
 pub const DEFAULT_MAX_PENDING_BYTES: usize = 4 << 20;
@@ -183,7 +183,14 @@ pub enum PushData {
 #[serde(deny_unknown_fields)]
 struct PushRequest {
     data: PushData,
+    /// Vigil: answer once the entries are KV-resident (or dropped), not at once.
+    wait: Option<bool>,
+    /// Seconds `wait` waits at most (default 30).
+    wait_timeout: Option<f64>,
 }
+
+/// Longest a push may wait for its entries (`wait_timeout`).
+const MAX_PUSH_WAIT_S: f64 = 600.0;
 
 /// The entries of a push body (`data` is a string or a non-empty list of strings).
 pub fn push_entries(data: PushData) -> Result<Vec<String>, ApiError> {
@@ -205,11 +212,64 @@ pub async fn push(
     let r = async {
         let session = state.sessions.get(&id)?;
         let req: PushRequest = parse_body(body, Flavor::OpenAi)?;
+        let wait = push_wait(&req)?;
         let entries = ingest::tokenize_entries(&state, push_entries(req.data)?).await?;
-        session.push(entries).await
+        let ack = session.push(entries).await?;
+        match wait {
+            Some(timeout) => wait_resident(&session, ack, timeout).await,
+            None => Ok(ack),
+        }
     }
     .await;
     respond(&state, r)
+}
+
+/// How long a push waits for its entries, if it waits.
+fn push_wait(req: &PushRequest) -> Result<Option<std::time::Duration>, ApiError> {
+    if req.wait != Some(true) {
+        if req.wait_timeout.is_some() {
+            return Err(ApiError::invalid(
+                "wait_timeout",
+                "`wait_timeout` needs `wait: true`",
+            ));
+        }
+        return Ok(None);
+    }
+    let s = req.wait_timeout.unwrap_or(30.0);
+    if !(s.is_finite() && s > 0.0 && s <= MAX_PUSH_WAIT_S) {
+        return Err(ApiError::invalid(
+            "wait_timeout",
+            format!(
+                "`wait_timeout` must be a number of seconds above 0 and at most {MAX_PUSH_WAIT_S}"
+            ),
+        ));
+    }
+    Ok(Some(std::time::Duration::from_secs_f64(s)))
+}
+
+/// The ack of a waiting push once its entries settled (ingested or dropped, in push order):
+/// `resident` says whether every one of them is in the KV. It is false when the timeout came
+/// first, when this push's own overflow dropped some of them, or when any entry was dropped
+/// while it waited (counts cannot tell whose). `data_version`, `pending` and `total_dropped`
+/// are the session's at that moment.
+async fn wait_resident(
+    session: &Session,
+    mut ack: Value,
+    timeout: std::time::Duration,
+) -> Result<Value, ApiError> {
+    let n = |k: &str| ack[k].as_u64().unwrap_or(0);
+    let (target, dropped_before) = (n("total_pushed"), n("total_dropped"));
+    let own_kept = n("pending") >= n("pushed");
+    let p = session
+        .wait_progress(timeout, |p| p.total_ingested + p.total_dropped >= target)
+        .await
+        .ok_or_else(|| ApiError::not_found(format!("session `{}` was deleted", session.id)))?;
+    let settled = p.total_ingested + p.total_dropped >= target;
+    ack["resident"] = json!(settled && own_kept && p.total_dropped == dropped_before);
+    ack["data_version"] = json!(p.data_version);
+    ack["total_dropped"] = json!(p.total_dropped);
+    ack["pending"] = json!(p.pending);
+    Ok(ack)
 }
 
 /// Vigil: the retained entries, in order (what the session's KV holds as data).
