@@ -26,28 +26,35 @@ pub struct GenerateArgs {
     /// System message for --chat.
     #[arg(long)]
     system: Option<String>,
+    /// Tokens to generate at most.
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
-    /// 0 = greedy.
+    /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P.
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Keep only the K most likely tokens; 0 keeps all.
     #[arg(long, default_value_t = 0)]
     top_k: u32,
+    /// Drop tokens less likely than P times the most likely one; 0 keeps all.
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
+    /// Divide the logits of tokens already in the prompt or output by R (1 = off).
     #[arg(long, default_value_t = 1.0)]
     repetition_penalty: f32,
-    /// OpenAI-style penalties over generated tokens.
+    /// OpenAI-style presence penalty over generated tokens (0 = off).
     #[arg(long, default_value_t = 0.0)]
     presence_penalty: f32,
+    /// OpenAI-style frequency penalty over generated tokens (0 = off).
     #[arg(long, default_value_t = 0.0)]
     frequency_penalty: f32,
+    /// Seed for sampling, so a run can be repeated (default: random).
     #[arg(long)]
     seed: Option<u64>,
     /// Worker threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::at_least_one)]
     threads: Option<usize>,
     /// Context length (default: the model's, capped at 4096).
     #[arg(long)]

@@ -33,6 +33,15 @@ pub fn default_model_path() -> PathBuf {
 /// `model` if given, else the default model, pulled on first use.
 pub fn model_or_default(model: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = model {
+        if !p.exists() {
+            if looks_like_hub_id(p) {
+                bail!(
+                    "loading by hub id (`{}`) is not supported: pass the path of a .gguf file or of an HF model directory (`vigil pull` fetches the default model)",
+                    p.display()
+                );
+            }
+            bail!("model `{}`: no such file or directory", p.display());
+        }
         return Ok(p.to_path_buf());
     }
     let p = default_model_path();
@@ -40,6 +49,18 @@ pub fn model_or_default(model: Option<&Path>) -> Result<PathBuf> {
         pull_default(&p)?;
     }
     Ok(p)
+}
+
+/// `owner/name` with no file behind it: what people copy from a model hub.
+fn looks_like_hub_id(p: &Path) -> bool {
+    let s = p.to_string_lossy();
+    let parts: Vec<&str> = s.split('/').collect();
+    let name_ok = |x: &str| {
+        !x.is_empty()
+            && !x.starts_with('.')
+            && (x.chars()).all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    };
+    parts.len() == 2 && parts.iter().all(|x| name_ok(x)) && !s.ends_with(".gguf")
 }
 
 pub fn run(args: PullArgs) -> Result<PathBuf> {
@@ -99,4 +120,26 @@ pub fn pull_default(dest: &Path) -> Result<()> {
     std::fs::remove_dir_all(&tmp)?;
     eprintln!("vigil: model ready at {}", dest.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn hub_ids_are_told_apart_from_paths() {
+        for id in ["HuggingFaceTB/SmolLM2-135M-Instruct", "google/gemma-3-270m"] {
+            assert!(super::looks_like_hub_id(Path::new(id)), "{id}");
+        }
+        for path in [
+            "models/m.gguf",
+            "./m",
+            "/abs/dir",
+            "a/b/c",
+            "m.gguf",
+            "../up",
+        ] {
+            assert!(!super::looks_like_hub_id(Path::new(path)), "{path}");
+        }
+    }
 }

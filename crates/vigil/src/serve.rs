@@ -11,15 +11,17 @@ pub struct ServeArgs {
     /// first use.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Address to listen on (`0.0.0.0` for every interface).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// Port to listen on.
     #[arg(long, default_value_t = 8080)]
     port: u16,
     /// The model id reported by `/v1/models` (default: the file name).
     #[arg(long)]
     served_model_name: Option<String>,
     /// Kernel worker threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::at_least_one)]
     threads: Option<usize>,
     /// Cap on the context length (default: the model's own).
     #[arg(long)]
@@ -101,7 +103,11 @@ pub struct ServeArgs {
 pub fn run(args: ServeArgs) -> Result<()> {
     let model_path = crate::pull::model_or_default(args.model.as_deref())?;
     let kv_memory_bytes = match &args.kv_memory {
-        Some(s) => parse_size(s).with_context(|| format!("--kv-memory {s}"))?,
+        Some(s) => {
+            let bytes = parse_size(s).with_context(|| format!("--kv-memory {s}"))?;
+            check_fits_memory(s, bytes)?;
+            bytes
+        }
         None => default_kv_memory(),
     };
     let config = ServerConfig {
@@ -179,17 +185,34 @@ fn parse_size(s: &str) -> Result<usize> {
     Ok((n * mult) as usize)
 }
 
+/// A `/proc/meminfo` field in bytes (`None` where there is no such file, e.g. not Linux).
+fn meminfo(field: &str) -> Option<usize> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = m.lines().find(|l| l.starts_with(field))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 fn default_kv_memory() -> usize {
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<usize>().ok())
-        })
-        .map_or(8 << 30, |kb| kb * 1024);
+    let total = meminfo("MemTotal:").unwrap_or(8 << 30);
     (total / 10).min(2 << 30)
+}
+
+/// A KV budget the machine cannot hold is refused at start, not discovered when the pool
+/// fills (the pool is allocated lazily, so the kernel would kill the server mid-request).
+fn check_fits_memory(flag_value: &str, bytes: usize) -> Result<()> {
+    let Some(available) = meminfo("MemAvailable:") else {
+        return Ok(());
+    };
+    if bytes > available {
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        anyhow::bail!(
+            "--kv-memory {flag_value} ({:.1} GiB) is more than the memory available on this machine ({:.1} GiB); give a smaller budget",
+            gib(bytes),
+            gib(available)
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
