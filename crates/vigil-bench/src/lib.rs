@@ -6,6 +6,7 @@ mod agent;
 pub mod calibrate;
 pub mod client;
 mod error;
+pub mod estimate;
 mod exec;
 pub mod hardware;
 pub mod live;

@@ -22,9 +22,17 @@ pub struct RunFile {
     /// Seconds since the Unix epoch when the run started.
     pub started_unix_s: u64,
     pub workload: Workload,
+    /// False while the run is going (the file is rewritten after every point) and in the file
+    /// of a run that stopped part-way; files from before this field read as complete.
+    #[serde(default = "complete_by_default")]
+    pub complete: bool,
     pub settings: Settings,
     pub hardware: Hardware,
     pub targets: Vec<TargetRun>,
+}
+
+fn complete_by_default() -> bool {
+    true
 }
 
 /// One target's part of a run.
@@ -141,5 +149,13 @@ impl RunFile {
     pub fn write(&self, path: &Path) -> Result<(), BenchError> {
         let text = serde_json::to_string_pretty(self)?;
         std::fs::write(path, text + "\n").map_err(|e| BenchError::io(path, e))
+    }
+
+    /// Write through a temporary file and a rename, so a reader (or a run killed mid-write)
+    /// never sees half a file.
+    pub fn write_atomic(&self, path: &Path) -> Result<(), BenchError> {
+        let tmp = path.with_extension("json.tmp");
+        self.write(&tmp)?;
+        std::fs::rename(&tmp, path).map_err(|e| BenchError::io(path, e))
     }
 }

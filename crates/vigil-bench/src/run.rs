@@ -54,7 +54,20 @@ pub struct RunOptions {
     pub tokenizer: Option<PathBuf>,
 }
 
-/// Runs the workload against every target in turn and writes the result file; returns its path.
+/// A target that answered before anything was measured.
+struct Ready {
+    target: Target,
+    client: Client,
+    model: String,
+    owned_by: Option<String>,
+    server_header: Option<String>,
+    max_model_len: Option<u64>,
+}
+
+/// Runs the workload against every target in turn; returns the result file's path. Every
+/// target is checked first (it answers, it has a model, the points fit its context), so a
+/// target that is down fails the run before minutes are spent on the others; the file is
+/// rewritten after every point, so a run that stops part-way keeps what it measured.
 pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, BenchError> {
     if targets.is_empty() {
         return Err(BenchError::Setting(
@@ -69,109 +82,143 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
         ),
         None => None,
     };
+    let mut ready = Vec::new();
+    for target in targets {
+        ready.push(check_target(opts, target, &points).await?);
+    }
     let started_unix_s = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut runs = Vec::new();
-    for target in targets {
-        let timeout = Duration::from_secs(opts.settings.request_timeout_s);
-        let client = Client::new(&target.url, timeout)?;
-        wait_ready(&client, opts.startup_timeout_s).await?;
-        let (models, server_header) = client.get_json("/v1/models").await?;
-        let first = models.pointer("/data/0");
-        let model = match (
-            &opts.model,
-            first.and_then(|m| m.get("id")).and_then(Value::as_str),
-        ) {
-            (Some(m), _) => m.clone(),
-            (None, Some(id)) => id.to_string(),
-            (None, None) => {
-                return Err(BenchError::Reply {
-                    url: format!("{}/v1/models", target.url),
-                    what: "no model id in `data`; pass --model".into(),
-                })
-            }
-        };
-        let max_model_len = first
-            .and_then(|m| m.get("max_model_len"))
-            .and_then(Value::as_u64);
-        if let Some(len) = max_model_len {
-            let refused = |p: &&PlannedPoint| !p.marks_over_capacity() && !fits(p, Some(len));
-            if let Some(p) = points.iter().find(refused) {
-                return Err(BenchError::Setting(format!(
-                    "{}: point `{}` needs {} tokens of context; the server has {len}",
-                    target.name,
-                    p.label,
-                    p.context_need()
-                )));
-            }
-        }
-        let (calibration, live, measured) = if opts.workload == Workload::LiveStream {
-            let ctx = crate::live::LiveCtx {
-                client: &client,
-                model: &model,
-                settings: &opts.settings,
-                name: &target.name,
-            };
-            let (record, measured) = crate::live::run_target(&ctx, &points).await?;
-            (None, Some(record), measured)
-        } else {
-            let (c, m) = measure_points(
-                opts,
-                target,
-                &client,
-                &model,
-                &points,
-                tokenizer.as_ref(),
-                max_model_len,
-            )
-            .await?;
-            (Some(c), None, m)
-        };
-        runs.push(TargetRun {
-            name: target.name.clone(),
-            url: target.url.clone(),
-            model,
-            owned_by: first
-                .and_then(|m| m.get("owned_by"))
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            server_header,
-            max_model_len,
-            calibration,
-            live,
-            points: measured,
-        });
-    }
-    let file = RunFile {
-        schema: SCHEMA.to_string(),
-        tool_version: opts.tool_version.clone(),
-        started_unix_s,
-        workload: opts.workload,
-        settings: opts.settings.clone(),
-        hardware: Hardware::detect(),
-        targets: runs,
-    };
     std::fs::create_dir_all(&opts.out_dir).map_err(|e| BenchError::io(&opts.out_dir, e))?;
     let path = free_path(
         &opts.out_dir,
         &format!("{}-{started_unix_s}", opts.workload),
     );
-    file.write(&path)?;
+    let mut file = RunFile {
+        schema: SCHEMA.to_string(),
+        tool_version: opts.tool_version.clone(),
+        started_unix_s,
+        workload: opts.workload,
+        complete: false,
+        settings: opts.settings.clone(),
+        hardware: Hardware::detect(),
+        targets: Vec::new(),
+    };
+    let mut eta = crate::estimate::Eta::new(&points, &opts.settings, ready.len());
+    eprintln!("{}", eta.announce(opts.workload, &path));
+    for r in &ready {
+        let run = TargetRun {
+            name: r.target.name.clone(),
+            url: r.target.url.clone(),
+            model: r.model.clone(),
+            owned_by: r.owned_by.clone(),
+            server_header: r.server_header.clone(),
+            max_model_len: r.max_model_len,
+            calibration: None,
+            live: None,
+            points: Vec::new(),
+        };
+        file.targets.push(run);
+        if opts.workload == Workload::LiveStream {
+            let ctx = crate::live::LiveCtx {
+                client: &r.client,
+                model: &r.model,
+                settings: &opts.settings,
+                name: &r.target.name,
+            };
+            let (record, measured) = crate::live::run_target(&ctx, &points).await?;
+            if let Some(run) = file.targets.last_mut() {
+                run.live = Some(record);
+                run.points = measured;
+            }
+            eta.point_done(points.len());
+            file.write_atomic(&path)?;
+            continue;
+        }
+        let mut on_point = |calibration: &CalibrationRecord, measured: &[Point]| {
+            if let Some(run) = file.targets.last_mut() {
+                run.calibration = Some(calibration.clone());
+                run.points = measured.to_vec();
+            }
+            eta.point_done(1);
+            if let Some(line) = eta.progress(&r.target.name) {
+                eprintln!("{line}");
+            }
+            file.write_atomic(&path)
+        };
+        measure_points(opts, r, &points, tokenizer.as_ref(), &mut on_point).await?;
+    }
+    file.complete = true;
+    file.write_atomic(&path)?;
     Ok(path)
 }
+
+/// Wait for `target` to answer, find its model, and check that every point fits it.
+async fn check_target(
+    opts: &RunOptions,
+    target: &Target,
+    points: &[PlannedPoint],
+) -> Result<Ready, BenchError> {
+    let timeout = Duration::from_secs(opts.settings.request_timeout_s);
+    let client = Client::new(&target.url, timeout)?;
+    wait_ready(&client, opts.startup_timeout_s)
+        .await
+        .map_err(|e| BenchError::Setting(format!("target `{}`: {e}", target.name)))?;
+    let (models, server_header) = client.get_json("/v1/models").await?;
+    let first = models.pointer("/data/0");
+    let model = match (
+        &opts.model,
+        first.and_then(|m| m.get("id")).and_then(Value::as_str),
+    ) {
+        (Some(m), _) => m.clone(),
+        (None, Some(id)) => id.to_string(),
+        (None, None) => {
+            return Err(BenchError::Reply {
+                url: format!("{}/v1/models", target.url),
+                what: "no model id in `data`; pass --model".into(),
+            })
+        }
+    };
+    let max_model_len = first
+        .and_then(|m| m.get("max_model_len"))
+        .and_then(Value::as_u64);
+    if let Some(len) = max_model_len {
+        let refused = |p: &&PlannedPoint| !p.marks_over_capacity() && !fits(p, Some(len));
+        if let Some(p) = points.iter().find(refused) {
+            return Err(BenchError::Setting(format!(
+                "{}: point `{}` needs {} tokens of context; the server has {len}",
+                target.name,
+                p.label,
+                p.context_need()
+            )));
+        }
+    }
+    Ok(Ready {
+        target: target.clone(),
+        client,
+        model,
+        owned_by: first
+            .and_then(|m| m.get("owned_by"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        server_header,
+        max_model_len,
+    })
+}
+
+/// Called after each measured point with the calibration and every point so far.
+type OnPoint<'a> = dyn FnMut(&CalibrationRecord, &[Point]) -> Result<(), BenchError> + 'a;
 
 /// Calibrates prompts on the target, then measures the points one by one.
 async fn measure_points(
     opts: &RunOptions,
-    target: &Target,
-    client: &Client,
-    model: &str,
+    ready: &Ready,
     points: &[PlannedPoint],
     tokenizer: Option<&tokenizers::Tokenizer>,
-    max_model_len: Option<u64>,
-) -> Result<(CalibrationRecord, Vec<Point>), BenchError> {
-    let target_name = &target.name;
+    on_point: &mut OnPoint<'_>,
+) -> Result<(), BenchError> {
+    let (client, model, max_model_len) = (&ready.client, ready.model.as_str(), ready.max_model_len);
+    let target_name = &ready.target.name;
     // Matrix cells too long for the target are marked, never sent: not calibrated for either.
     let fitting = points.iter().filter(|p| fits(p, max_model_len));
     let longest = fitting.map(longest_prompt).max().unwrap_or(0);
@@ -212,8 +259,9 @@ async fn measure_points(
         };
         let p = exec::run_point(&ctx, &mut composer, point, &measured, &progress).await?;
         measured.push(p);
+        on_point(&calibration, &measured)?;
     }
-    Ok((calibration, measured))
+    Ok(())
 }
 
 /// Whether the target answers `GET /v1/sessions` (Vigil, LayerScale).
