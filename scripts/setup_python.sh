@@ -28,6 +28,7 @@ fi
 echo "setup_python: installing $(grep -cv '^\s*\(#\|$\)' "$requirements") pinned packages into $venv" >&2
 rm -f "$stamp"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" >&2
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements" >&2
+# Not quiet: pip's lines are the progress of an install that takes minutes.
+"$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off -r "$requirements" >&2
 echo "$key" >"$stamp"
 echo "export VIGIL_TEST_PYTHON=$venv/bin/python"

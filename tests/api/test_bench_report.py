@@ -5,7 +5,7 @@ errors, no request beyond the file itself, a table per workload with a row per (
 and every chart an SVG with a non-zero rendered size whose bars match the result files' p50s.
 
 Chromium: $VIGIL_TEST_CHROMIUM (scripts/setup_chromium.sh installs it and exports it; CI does),
-else `chromium` on PATH; without either the module is skipped. Playwright never downloads a
+else `chromium` on PATH; without either the module is skipped (and fails under CI=true). Playwright never downloads a
 browser here: it drives the system Chromium (`executable_path`).
 """
 
@@ -82,6 +82,8 @@ def chromium() -> str:
         found = shutil.which(name)
         if found:
             return found
+    if os.environ.get("CI") == "true":
+        pytest.fail("no Chromium under CI: scripts/setup_chromium.sh must install it", pytrace=False)
     pytest.skip("no Chromium: run `eval \"$(scripts/setup_chromium.sh)\"` (CI does) or set VIGIL_TEST_CHROMIUM")
 
 
