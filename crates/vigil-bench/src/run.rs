@@ -299,6 +299,7 @@ fn free_path(dir: &Path, stem: &str) -> PathBuf {
 /// answers), or, on servers without `/health`, when `/v1/models` does.
 async fn wait_ready(client: &Client, timeout_s: u64) -> Result<(), BenchError> {
     let t0 = Instant::now();
+    let mut said = false;
     loop {
         let probe = match client.get_json("/health").await {
             Err(BenchError::Status { status: 404, .. }) => client.get_json("/v1/models").await,
@@ -313,7 +314,17 @@ async fn wait_ready(client: &Client, timeout_s: u64) -> Result<(), BenchError> {
                     last: e.to_string(),
                 })
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            Err(e) => {
+                if !said {
+                    // A target that is down is found here, before anything is measured.
+                    eprintln!(
+                        "waiting for {} to answer (up to {timeout_s} s, --startup-timeout): {e}",
+                        client.base()
+                    );
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await
+            }
         }
     }
 }

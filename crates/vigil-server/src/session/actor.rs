@@ -12,7 +12,7 @@
 
 use super::engine_work::SessionDeps;
 use super::events::EventBus;
-use super::flash::{FlashAnswer, RoundResult};
+use super::flash::RoundResult;
 use super::ingest::Batch;
 use super::queued_cost;
 use super::state::{Identity, Layout, SessionSettings, SessionState};
@@ -53,10 +53,6 @@ pub enum Command {
         id: u64,
         reply: Reply<Result<Value, ApiError>>,
     },
-    FlashQuery {
-        id: u64,
-        reply: Reply<Option<String>>,
-    },
     Ready {
         reply: Reply<(Option<(u32, f32)>, u64)>,
     },
@@ -66,10 +62,9 @@ pub enum Command {
     StreamOpening {
         reply: Reply<(Value, Vec<Value>)>,
     },
-    Foreground {
-        delta: isize,
-    },
-    Subscribers {
+    /// A request or stream started (`delta` 1) or ended (-1).
+    Hold {
+        what: super::handle::Held,
         delta: isize,
     },
     BeginTurn {
@@ -99,21 +94,6 @@ pub struct Context {
     pub mirror: Vec<u32>,
     pub data_version: u64,
     pub layout: Layout,
-}
-
-/// A flash query looked up for a generate.
-pub enum Lookup {
-    /// No query has that text: generate.
-    NotRegistered,
-    /// No query has that id.
-    NoSuchId,
-    Found {
-        id: u64,
-        answer: Option<FlashAnswer>,
-        /// An evaluation at `data_version` is due or running.
-        due: bool,
-        data_version: u64,
-    },
 }
 
 /// What engine work reports back.
@@ -284,18 +264,20 @@ impl SessionActor {
             Command::Push { entries, reply } => {
                 let _ = reply.send(self.push(entries));
             }
+            // The view is published before the reply, so a generate the client sends after
+            // the reply finds the query there.
             Command::AddFlash { spec, reply } => {
-                let _ = reply.send(self.add_flash(spec));
+                let r = self.add_flash(spec);
+                self.publish_flash();
+                let _ = reply.send(r);
             }
             Command::ListFlash { reply } => {
                 let _ = reply.send(self.list_flash());
             }
             Command::DeleteFlash { id, reply } => {
-                let _ = reply.send(self.delete_flash(id));
-            }
-            Command::FlashQuery { id, reply } => {
-                let q = self.st.flash.iter().find(|q| q.id == id);
-                let _ = reply.send(q.map(|q| q.query.clone()));
+                let r = self.delete_flash(id);
+                self.publish_flash();
+                let _ = reply.send(r);
             }
             Command::Ready { reply } => {
                 let _ = reply.send((self.st.ready, self.st.data_version));
@@ -321,12 +303,12 @@ impl SessionActor {
                     .collect();
                 let _ = reply.send((connected, replay));
             }
-            Command::Foreground { delta } => {
-                self.st.foreground = self.st.foreground.saturating_add_signed(delta);
-                self.st.touch();
-            }
-            Command::Subscribers { delta } => {
-                self.st.subscribers = self.st.subscribers.saturating_add_signed(delta);
+            Command::Hold { what, delta } => {
+                let count = match what {
+                    super::handle::Held::Foreground => &mut self.st.foreground,
+                    super::handle::Held::Subscriber => &mut self.st.subscribers,
+                };
+                *count = count.saturating_add_signed(delta);
                 self.st.touch();
             }
             Command::BeginTurn { id, reply } => self.begin_turn(id, reply),

@@ -8,7 +8,7 @@
 //! (the same tokens and sampling a cold `generate` with temperature 0 uses), so a round
 //! started after batch k runs before batch k+1, and foreground requests still come first.
 
-use super::actor::{JobResult, Lookup, SessionActor};
+use super::actor::{JobResult, SessionActor};
 use super::engine_work::{greedy, Job, JobDone, SessionDeps};
 use super::state::Layout;
 use crate::error::ApiError;
@@ -142,6 +142,21 @@ pub fn logit_gap(top: &[(u32, f32)]) -> f32 {
     }
 }
 
+/// A flash query looked up for a generate.
+pub enum Lookup {
+    /// No query has that text: generate.
+    NotRegistered,
+    /// No query has that id.
+    NoSuchId,
+    Found {
+        id: u64,
+        answer: Option<FlashAnswer>,
+        /// An evaluation at `data_version` is due or running.
+        due: bool,
+        data_version: u64,
+    },
+}
+
 /// The flash queries and their answers as the actor last published them: a flash hit reads
 /// this from the handle, without a message to the actor (the hot path never waits for the
 /// actor's task to be scheduled).
@@ -162,6 +177,11 @@ pub struct ViewQuery {
 }
 
 impl FlashView {
+    /// A registered query's text.
+    pub fn query(&self, id: u64) -> Option<String> {
+        (self.queries.iter().find(|q| q.id == id)).map(|q| q.query.clone())
+    }
+
     /// The query named by id (or else by its text), and its cached answer.
     pub fn lookup(&self, id: Option<u64>, query: &str) -> Lookup {
         let found = match id {

@@ -3,9 +3,9 @@
 //! Two shortcuts come first: a flash query's cached answer, and with `pre_decode` the
 //! speculative exit from the ready-position distribution.
 
-use super::actor::Lookup;
 use super::flash::FlashAnswer;
-use super::handle::ForegroundGuard;
+use super::flash::Lookup;
+use super::handle::{Held, Hold};
 use super::layout;
 use super::Session;
 use crate::error::{ApiError, Flavor};
@@ -78,7 +78,7 @@ async fn generate_inner(
     let question = match (req.prompt.as_deref(), req.flash_id) {
         (Some(p), _) if !p.is_empty() => p.to_string(),
         // `flash_id` alone asks that query (generated, if its answer cannot be served).
-        (None, Some(fid)) => match session.flash_query(fid).await? {
+        (None, Some(fid)) => match session.flash_query(fid) {
             Some(q) => q,
             None => {
                 return Err(ApiError::not_found(format!(
@@ -162,7 +162,7 @@ async fn generate_inner(
     if let Some(v) = req.min_data_version {
         reach_version(&session, v).await?;
     }
-    let guard = ForegroundGuard::new(session.clone());
+    let guard = Hold::new(session.clone(), Held::Foreground);
     let ctx = session.context().await?;
     let (mirror, version, layout_now) = (ctx.mirror, ctx.data_version, ctx.layout);
     let wraps = custom_wrap

@@ -3,10 +3,10 @@
 //! a request or a stream on the session tell the actor when they drop, so a client that goes
 //! away releases what it held.
 
-use super::actor::{Command, Context, Lookup, Progress, SessionActor, Signals};
+use super::actor::{Command, Context, Progress, SessionActor, Signals};
 use super::engine_work::SessionDeps;
 use super::events::EventBus;
-use super::flash::FlashSpec;
+use super::flash::{FlashSpec, Lookup};
 use super::state::{Entry, Identity, SessionSettings};
 use crate::error::ApiError;
 use serde_json::Value;
@@ -162,9 +162,9 @@ impl Session {
             .await?
     }
 
-    /// A registered flash query's text.
-    pub async fn flash_query(&self, id: u64) -> Result<Option<String>, ApiError> {
-        self.call(|reply| Command::FlashQuery { id, reply }).await
+    /// A registered flash query's text, from the published view.
+    pub fn flash_query(&self, id: u64) -> Option<String> {
+        self.flash_view.borrow().query(id)
     }
 
     /// The flash query named by id (or else by its text), and its cached answer, from the
@@ -227,35 +227,35 @@ impl Session {
     }
 }
 
-/// A client request in flight on the session (it cannot be deleted meanwhile).
-pub struct ForegroundGuard(Arc<Session>);
+/// What a `Hold` counts on the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// A client request in flight: the session cannot be deleted meanwhile.
+    Foreground,
+    /// An attached event stream: the session never expires meanwhile.
+    Subscriber,
+}
 
-impl ForegroundGuard {
-    pub fn new(session: Arc<Session>) -> Self {
-        session.send(Command::Foreground { delta: 1 });
-        ForegroundGuard(session)
+/// Counts one `Held` on the session for as long as it lives; the count goes down when it
+/// drops, however the request or stream ends.
+pub struct Hold {
+    pub session: Arc<Session>,
+    what: Held,
+}
+
+impl Hold {
+    pub fn new(session: Arc<Session>, what: Held) -> Self {
+        session.send(Command::Hold { what, delta: 1 });
+        Hold { session, what }
     }
 }
 
-impl Drop for ForegroundGuard {
+impl Drop for Hold {
     fn drop(&mut self) {
-        self.0.send(Command::Foreground { delta: -1 });
-    }
-}
-
-/// An attached event stream (an attached session never expires).
-pub struct Subscriber(pub Arc<Session>);
-
-impl Subscriber {
-    pub fn new(session: Arc<Session>) -> Self {
-        session.send(Command::Subscribers { delta: 1 });
-        Subscriber(session)
-    }
-}
-
-impl Drop for Subscriber {
-    fn drop(&mut self) {
-        self.0.send(Command::Subscribers { delta: -1 });
+        (self.session).send(Command::Hold {
+            what: self.what,
+            delta: -1,
+        });
     }
 }
 

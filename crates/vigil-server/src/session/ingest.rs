@@ -65,6 +65,8 @@ pub struct Batch {
     shift: Option<(usize, usize)>,
     /// The engine did the shift.
     shifted: bool,
+    /// When it was taken from the queue (for the log line of its landing).
+    started: std::time::Instant,
 }
 
 impl Batch {
@@ -275,6 +277,7 @@ impl SessionActor {
             evicted_tokens,
             shift,
             shifted: false,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -297,6 +300,17 @@ impl SessionActor {
         }
         let ready = (done.first_top.first()).map(|&(t, _)| (t, logit_gap(&done.first_top)));
         let n = batch.entries.len() as u64;
+        if let Some(first) = batch.entries.first() {
+            // Where push-to-resident time goes: queued before the batch, then in the engine.
+            tracing::debug!(
+                session = %self.head.id,
+                entries = n,
+                evicted = batch.evicted,
+                queued_ms = (batch.started - first.queued).as_millis() as u64,
+                engine_ms = batch.started.elapsed().as_millis() as u64,
+                "ingest batch landed"
+            );
+        }
         let st = &mut self.st;
         st.base = batch.base;
         st.opening_due = false;

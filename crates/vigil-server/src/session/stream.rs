@@ -6,7 +6,7 @@
 //! behind gets `lagged` and is cut off; nothing is buffered per subscriber beyond the socket.
 
 use super::events::SessionEvent;
-use super::handle::Subscriber;
+use super::handle::{Held, Hold};
 use super::ingest;
 use super::routes::{push_entries, PushData};
 use super::valid_id;
@@ -60,7 +60,7 @@ async fn sse_feed(
     session: Arc<Session>,
     last_id: Option<u64>,
 ) -> Result<impl Stream<Item = String>, ApiError> {
-    let sub = Subscriber::new(session.clone());
+    let sub = Hold::new(session.clone(), Held::Subscriber);
     let (rx, buffered) = session.events.subscribe(last_id);
     let (connected, flash_replay) = session.stream_opening().await?;
     let resumed = last_id.is_some_and(|last| {
@@ -96,7 +96,7 @@ async fn sse_feed(
 /// receiver is read only as fast as the client reads: a reader more than the bus's capacity
 /// behind finds `Lagged` on its receiver and gets `lagged`, then the end of the stream.
 struct SseFeed {
-    sub: Subscriber,
+    sub: Hold,
     rx: broadcast::Receiver<Arc<SessionEvent>>,
     opening: VecDeque<String>,
     done: bool,
@@ -110,7 +110,7 @@ impl SseFeed {
         if self.done {
             return None;
         }
-        let session = self.sub.0.clone();
+        let session = self.sub.session.clone();
         let next = tokio::select! {
             biased;
             r = tokio::time::timeout(HEARTBEAT, self.rx.recv()) => r,
@@ -192,7 +192,7 @@ fn ws_error(e: &ApiError) -> Message {
 }
 
 async fn serve_socket(state: SharedState, session: Arc<Session>, mut socket: WebSocket) {
-    let _sub = Subscriber::new(session.clone());
+    let _sub = Hold::new(session.clone(), Held::Subscriber);
     let (mut rx, _) = session.events.subscribe(None);
     let Ok((connected, flash_replay)) = session.stream_opening().await else {
         let _ = socket.send(Message::Close(None)).await;

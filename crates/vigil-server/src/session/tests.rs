@@ -3,8 +3,8 @@
 //! entries, flash answers equal to a cold greedy generate at the same version, the session's
 //! share of a saturated engine, and every block freed on delete and on expiry.
 
-use super::actor::Lookup;
 use super::engine_work::SessionDeps;
+use super::flash::Lookup;
 use super::flash::{FlashSpec, Wrapped};
 use super::state::{Entry, Overflow};
 use super::testing::{plain_settings, spawn, spawn_as, tiny_deps, tiny_deps_with};
