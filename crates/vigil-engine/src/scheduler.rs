@@ -15,7 +15,9 @@
 //! foreground load, however heavy, stops the data plane. The share grows to what finishes each
 //! session sequence's prefill within `session_deadline_steps` steps of its arrival (up to half
 //! a step): under a saturated engine an ingest batch still lands in a bounded number of steps,
-//! and client requests give up only what the data plane needs.
+//! and client requests give up only what the data plane needs. While session work is due the
+//! whole step may also be held to `session_step_budget` tokens, so the step a batch waits for
+//! and the step it lands in are short.
 //!
 //! Session work has seats of its own: `Foreground` sequences take at most `max_seqs` seats,
 //! and the lower classes may use `session_seats` more, so a server full of chat streams still
@@ -62,6 +64,12 @@ pub struct SchedulerConfig {
     /// else runs: a step cannot be interrupted, so a flash evaluation or a client request that
     /// arrives during a window recompute waits at most one such chunk.
     pub session_chunk_tokens: usize,
+    /// Tokens of a whole step while session work (ingest, a flash evaluation) is queued or
+    /// running, when fewer than `max_batched_tokens`: a batch waits for the step in flight
+    /// and then lands in its own, so shorter steps shorten push-to-resident under a full
+    /// engine. Client requests lose little throughput (a step's weights are read once
+    /// either way; prefill chunks are still hundreds of tokens).
+    pub session_step_budget: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -77,6 +85,7 @@ impl Default for SchedulerConfig {
             session_deadline_ms: 0,
             session_seats: 2,
             session_chunk_tokens: 128,
+            session_step_budget: usize::MAX,
         }
     }
 }
@@ -194,10 +203,11 @@ impl Scheduler {
         self.waiting.make_contiguous().sort_by_key(order);
         self.running.sort_by_key(order);
 
-        let share = self.session_share(seqs);
+        let step = self.step_tokens(seqs);
+        let share = self.session_share(seqs, step);
         let mut st = StepState {
             plan: StepPlan::default(),
-            budget: self.config.max_batched_tokens - share,
+            budget: step - share,
             reserved: Vec::new(),
             victim_floor: None,
             admission_closed: false,
@@ -237,8 +247,8 @@ impl Scheduler {
     /// sequence's tokens by its deadline (`session_deadline_steps` after it arrived, spread
     /// evenly over the steps left) when that is more, up to half a step and to what the
     /// session work has left to compute.
-    fn session_share(&self, seqs: &HashMap<SeqId, Sequence>) -> usize {
-        let half = self.config.max_batched_tokens / 2;
+    fn session_share(&self, seqs: &HashMap<SeqId, Sequence>, step: usize) -> usize {
+        let half = step / 2;
         let base = (self.config.max_lower_tokens_with_foreground)
             .min(self.config.session_chunk_tokens)
             .min(half);
@@ -269,13 +279,27 @@ impl Scheduler {
             let clients = (self.running.iter())
                 .filter(|&&id| class(seqs, id) == Priority::Foreground)
                 .count();
-            half.max(self.config.max_batched_tokens.saturating_sub(clients))
+            half.max(step.saturating_sub(clients))
         } else {
             half
         };
         // None without session work, and never more than the session work can use: a flash
         // evaluation decoding alone takes a token a step, and client requests keep the rest.
         base.max(needed).min(most).min(remaining_all)
+    }
+
+    /// The step's token budget: `session_step_budget` while session work is queued or
+    /// running, else `max_batched_tokens`.
+    fn step_tokens(&self, seqs: &HashMap<SeqId, Sequence>) -> usize {
+        let full = self.config.max_batched_tokens;
+        let session_work = (self.waiting.iter().chain(self.running.iter()))
+            .filter_map(|id| seqs.get(id))
+            .any(|s| matches!(s.effective_priority(), Priority::Flash | Priority::Ingest));
+        if session_work {
+            full.min(self.config.session_step_budget.max(1))
+        } else {
+            full
+        }
     }
 
     /// Promote every waiting sequence that waited past the age bound.

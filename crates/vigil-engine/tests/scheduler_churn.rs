@@ -112,6 +112,7 @@ fn priority_churn_keeps_invariants() {
         session_deadline_ms: 0,
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
+        session_step_budget: usize::MAX,
     };
     let mut e = engine(32, config);
     let mut rng = Lcg(11);
@@ -247,6 +248,7 @@ fn background_arrivals_never_delay_foreground_tokens() {
         session_deadline_ms: 0,
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
+        session_step_budget: usize::MAX,
     };
     let mut e = engine(24, config);
     let mut rng = Lcg(5);
@@ -323,6 +325,7 @@ fn low_finish_step(
         session_deadline_ms: 0,
         session_seats,
         session_chunk_tokens: usize::MAX,
+        session_step_budget: usize::MAX,
     };
     let mut e = engine(32, config);
     let mut rng = Lcg(3);
@@ -390,6 +393,7 @@ fn a_flash_evaluation_runs_alone_before_the_ingest_prefill_goes_on() {
         session_deadline_ms: 0,
         session_seats: 2,
         session_chunk_tokens: usize::MAX,
+        session_step_budget: usize::MAX,
     };
     let mut e = engine(64, config);
     let mut rng = Lcg(5);
@@ -461,6 +465,7 @@ fn preempted_sequence_readmits_from_its_committed_blocks() {
         session_deadline_ms: 0,
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
+        session_step_budget: usize::MAX,
     };
     let mut sched = Scheduler::new(config);
     let pool = SharedBlockPool::new(8, BLOCK);
@@ -742,4 +747,46 @@ fn the_session_share_is_never_more_than_the_session_work_can_use() {
         );
         assert_eq!(all, 64, "step {step}: the step is full");
     }
+}
+
+#[test]
+fn while_session_work_is_due_the_whole_step_is_held_to_the_session_step_budget() {
+    // Steps of 128 tokens, 64 while session work is due: foreground prefill fills whole
+    // steps, an ingest prefill of 100 tokens arrives, and until it is resident no step
+    // computes more than 64 tokens (the ingest gets at least its base share of them); then
+    // steps are whole again.
+    let config = SchedulerConfig {
+        session_step_budget: 64,
+        ..share_config(128, 0)
+    };
+    let mut e = engine(1024, config);
+    let mut rng = Lcg(31);
+    let step_tokens = |e: &mut LlmEngine, rng: &mut Lcg, keep: &[SeqId]| {
+        keep_foreground_prefilling(e, rng);
+        let ended = step_keeping(e, keep);
+        let t = e.last_step.num_prefill_tokens + e.last_step.num_decode_tokens;
+        (t, ended)
+    };
+    let (full, _) = step_tokens(&mut e, &mut rng, &[]);
+    assert_eq!(full, 128, "foreground alone had the whole step");
+    let ingest = add(&mut e, rng.tokens(100), 1, Priority::Ingest);
+    let mut steps = 0;
+    loop {
+        let before = e.seqs[&ingest].num_computed_tokens;
+        let (tokens, ended) = step_tokens(&mut e, &mut rng, &[ingest]);
+        steps += 1;
+        assert!(
+            tokens <= 64,
+            "step {steps} computed {tokens} tokens with ingest due"
+        );
+        if ended.contains(&ingest) {
+            break;
+        }
+        let advanced = e.seqs[&ingest].num_computed_tokens - before;
+        assert!(advanced >= 16, "step {steps}: ingest advanced {advanced}");
+        assert!(steps < 10, "the ingest prefill never finished");
+    }
+    e.take_finished(ingest).unwrap();
+    let (full, _) = step_tokens(&mut e, &mut rng, &[]);
+    assert_eq!(full, 128, "without session work the step is whole again");
 }

@@ -35,6 +35,8 @@ pub struct EngineOptions {
     pub session_chunk_tokens: usize,
     /// Milliseconds within which session work should finish beside client requests (0: 4 steps).
     pub session_deadline_ms: u64,
+    /// Tokens of a whole step while session work is due (at most `max_batched_tokens`).
+    pub session_step_budget: usize,
     pub enable_prefix_cache: bool,
 }
 
@@ -241,6 +243,7 @@ fn build_state(
         max_lower_tokens_with_foreground: opts.session_step_tokens,
         session_chunk_tokens: opts.session_chunk_tokens,
         session_deadline_ms: opts.session_deadline_ms,
+        session_step_budget: opts.session_step_budget,
         max_seqs: config.max_seqs,
         enable_prefix_cache: opts.enable_prefix_cache,
         ..SchedulerConfig::default()

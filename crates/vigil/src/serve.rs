@@ -43,8 +43,13 @@ pub struct ServeArgs {
     /// Milliseconds within which session work (an ingest batch, a flash evaluation) should
     /// finish beside client requests: its share of each step grows to what that takes, up to
     /// half a step, and past the deadline to all but each client's next token. 0: 4 steps.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 500)]
     session_deadline_ms: u64,
+    /// Tokens of a whole engine step while session work (ingest, a flash evaluation) is
+    /// queued or running, if fewer than --max-batched-tokens: shorter steps land pushes
+    /// sooner under a full engine.
+    #[arg(long, default_value_t = 256)]
+    session_step_budget: usize,
     /// Sequences running at once.
     #[arg(long, default_value_t = 64)]
     max_seqs: usize,
@@ -148,6 +153,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         session_step_tokens: args.session_step_tokens.max(1),
         session_chunk_tokens: args.session_chunk_tokens.max(1),
         session_deadline_ms: args.session_deadline_ms,
+        session_step_budget: args.session_step_budget.max(1),
         enable_prefix_cache: !args.no_prefix_cache,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
