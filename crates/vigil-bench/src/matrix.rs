@@ -250,10 +250,14 @@ async fn run_decode(
     let send = |stream: usize, i: u32| {
         let body = completion_body(ctx.model, &prompts[stream], d.max_tokens, true);
         async move {
-            let (s, cut) = (ctx.client)
+            // Pushed before the deadline but first polled after it: never sent, not a sample.
+            if Instant::now() >= deadline {
+                return (stream, i, None);
+            }
+            let sent = (ctx.client)
                 .stream_until("/v1/completions", &body, deadline)
                 .await;
-            (stream, i, s, cut)
+            (stream, i, Some(sent))
         }
     };
     let mut sent = 0u32;
@@ -261,7 +265,11 @@ async fn run_decode(
         in_flight.push(send(stream, sent));
         sent += 1;
     }
-    while let Some((stream, i, s, cut)) = in_flight.next().await {
+    while let Some((stream, i, outcome)) = in_flight.next().await {
+        let Some((s, cut)) = outcome else {
+            sent -= 1; // No request goes out after the deadline, so no later index repeats.
+            continue;
+        };
         let mut sample = to_sample(&s, t0, i, None, d.max_tokens, false);
         if cut {
             // Short of its tokens only because the time was up.
