@@ -77,6 +77,7 @@ class VigilServer:
         self.log_path = Path(log)
         self.proc: Optional[subprocess.Popen] = None
         self.returncode: Optional[int] = None
+        self.state_dir: Optional[Path] = None
 
     @property
     def v1(self) -> str:
@@ -84,9 +85,16 @@ class VigilServer:
 
     def command(self) -> list[str]:
         threads = os.environ.get("VIGIL_TEST_THREADS", "2")
+        # Each server journals its sessions in a directory of its own (never $VIGIL_HOME's),
+        # unless the test chose one (or none).
+        state = []
+        if not any(a in ("--state-dir", "--no-persist") for a in self.args):
+            if self.state_dir is None:
+                self.state_dir = Path(tempfile.mkdtemp(prefix=f"vigil-state-{self.name}-"))
+            state = ["--state-dir", str(self.state_dir)]
         return [
             vigil_bin(), "serve", "--model", self.model, "--host", "127.0.0.1",
-            "--port", str(self.port), "--threads", threads, *self.args,
+            "--port", str(self.port), "--threads", threads, *state, *self.args,
         ]
 
     def start(self) -> "VigilServer":

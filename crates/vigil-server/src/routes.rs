@@ -45,6 +45,11 @@ pub fn router(state: SharedState) -> Router {
             "/v1/sessions/{id}",
             get(crate::session::routes::get).delete(crate::session::routes::delete),
         )
+        .route("/v1/sessions/import", post(crate::session::restore::import))
+        .route(
+            "/v1/sessions/{id}/export",
+            get(crate::session::restore::export),
+        )
         .route("/v1/sessions/{id}/push", post(crate::session::routes::push))
         .route("/v1/sessions/{id}/data", get(crate::session::routes::data))
         .route(
@@ -221,7 +226,9 @@ pub fn health_json(
 }
 
 async fn metrics(State(state): State<SharedState>) -> Response {
-    let text = state.metrics.render(&state.engine.stats);
+    let mut text = state.metrics.render(&state.engine.stats);
+    let journal = &state.sessions.journal;
+    journal.stats.render(&mut text, journal.persistent);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 

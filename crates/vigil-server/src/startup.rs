@@ -57,6 +57,8 @@ pub enum ServeError {
     EngineStopped,
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    State(#[from] crate::session::journal::store::StoreError),
 }
 
 pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), ServeError> {
@@ -99,7 +101,17 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
             path: opts.model_path.display().to_string(),
             message: e.to_string(),
         })?;
-    let state = build_state(config.clone(), &opts, &sizing, started, loaded)?;
+    let (journal, restored) = open_journal(&config, &sizing, &loaded)?;
+    let state = build_state(config.clone(), &opts, &sizing, started, loaded, journal)?;
+    if !restored.is_empty() {
+        let t = Instant::now();
+        let n = restored.len();
+        let started = crate::session::restore::restore_all(&state, restored).await;
+        tracing::info!(
+            "restored {started} of {n} session(s) in {} ms; their KV is recomputed in the background",
+            t.elapsed().as_millis()
+        );
+    }
     let _ = stop_loading.send(());
     let _ = loading.await;
 
@@ -209,12 +221,50 @@ fn plan(opts: &EngineOptions) -> Result<Sizing, ServeError> {
     })
 }
 
+/// Open the state directory (restoring what it holds) or, with `--no-persist`, a journal in
+/// memory; the sessions to start again.
+fn open_journal(
+    config: &ServerConfig,
+    sizing: &Sizing,
+    loaded: &LoadedModel,
+) -> Result<
+    (
+        crate::session::journal::Journal,
+        Vec<crate::session::journal::model::DurableSession>,
+    ),
+    ServeError,
+> {
+    use crate::session::journal::{store, Journal, SEGMENT_LIMIT};
+    let Some(dir) = &config.state_dir else {
+        tracing::info!("sessions are kept in memory only (--no-persist)");
+        return Ok((Journal::in_memory(), Vec::new()));
+    };
+    let fingerprint = store::Fingerprint {
+        model: sizing.model_id.clone(),
+        vocab_size: loaded.tokenizer.vocab_size(),
+    };
+    let t = Instant::now();
+    let opened = store::open(dir, &fingerprint, SEGMENT_LIMIT)?;
+    for note in &opened.notes {
+        tracing::warn!("state directory {}: {note}", dir.display());
+    }
+    let sessions: Vec<_> = opened.model.sessions.values().cloned().collect();
+    tracing::info!(
+        "sessions are journaled in {} ({} held, read in {} ms)",
+        dir.display(),
+        sessions.len(),
+        t.elapsed().as_millis()
+    );
+    Ok((Journal::start(Some(opened.store), opened.model)?, sessions))
+}
+
 fn build_state(
     config: ServerConfig,
     opts: &EngineOptions,
     sizing: &Sizing,
     started: Instant,
     loaded: LoadedModel,
+    journal: crate::session::journal::Journal,
 ) -> Result<Arc<AppState>, ServeError> {
     let LoadedModel {
         model,
@@ -254,6 +304,7 @@ fn build_state(
         config.session_ttl,
         config.max_sessions,
         config.max_pending_bytes_total,
+        journal,
     );
     let cpu_jobs = crate::cpu_jobs::CpuJobs::new(&tokenizer);
     Ok(Arc::new(AppState {

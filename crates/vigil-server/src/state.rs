@@ -28,6 +28,8 @@ pub struct ServerConfig {
     pub max_pending_bytes_total: usize,
     /// Browser origins allowed to call the API (CORS); others are refused.
     pub allowed_origins: crate::edge::AllowedOrigins,
+    /// Where sessions are journaled (`--state-dir`); `None`: in memory only (`--no-persist`).
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 pub struct AppState {

@@ -10,7 +10,7 @@ use std::io::IsTerminal;
 
 /// The environment variables every command reads, shown under `--help`.
 const ENVIRONMENT: &str = "Environment:
-  VIGIL_HOME          cache directory for pulled models [default: ~/.cache/vigil]
+  VIGIL_HOME          cache directory for pulled models and, by default, session state [default: ~/.cache/vigil]
   VIGIL_LOG           log filter: error, warn, info, debug, trace, or per module
                       (`vigil_server=debug`) [default: info]
   VIGIL_FORCE_SCALAR  set to 1 to use the portable kernels only (no AVX2/AVX-512)
@@ -32,7 +32,7 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI and Anthropic APIs (default http://127.0.0.1:8080).
     #[command(after_help = ENVIRONMENT)]
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Generate text from a prompt, streaming it to stdout.
     #[command(after_help = ENVIRONMENT)]
     Generate(generate::GenerateArgs),
@@ -55,7 +55,7 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Generate(args) => generate::run(args),
         Command::Pull(args) => pull::run(args).map(|path| println!("{}", path.display())),
         Command::Bench(args) => bench::run(args),

@@ -67,6 +67,15 @@ pub struct ServeArgs {
     /// may not exceed it.
     #[arg(long, default_value = "256MiB")]
     max_pending_bytes_total: String,
+    /// Where sessions are kept across restarts (a write-ahead log and snapshots): a push, a
+    /// session's creation and its flash queries are acknowledged only once on disk. Default:
+    /// `$VIGIL_HOME/state`. One server per directory (it is locked).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Keep sessions in memory only: a restart loses them (and acknowledgements wait for no
+    /// disk).
+    #[arg(long, conflicts_with = "state_dir")]
+    no_persist: bool,
     /// Turn the prefix cache off (to measure without it).
     #[arg(long)]
     no_prefix_cache: bool,
@@ -138,6 +147,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("--max-pending-bytes-total {}", args.max_pending_bytes_total))?
             .max(1),
         allowed_origins: vigil_server::edge::AllowedOrigins::parse(&args.allowed_origins),
+        state_dir: (!args.no_persist).then(|| {
+            args.state_dir
+                .unwrap_or_else(|| crate::pull::vigil_home().join("state"))
+        }),
     };
     let opts = EngineOptions {
         model_path,

@@ -56,6 +56,8 @@ fn start_server(dir: &Path) -> (Server, String) {
         .arg(&model)
         .args(["--kv-memory", "64MiB", "--threads", "1"])
         .args(["--port", &port.to_string()])
+        .arg("--state-dir")
+        .arg(dir.join("state"))
         .stdout(Stdio::null())
         .stderr(log_file)
         .spawn()

@@ -14,6 +14,8 @@ use super::engine_work::SessionDeps;
 use super::events::EventBus;
 use super::flash::RoundResult;
 use super::ingest::Batch;
+use super::journal::model::Op;
+use super::journal::{Durable, EVENT_RESERVE};
 use super::queued_cost;
 use super::state::{Identity, Layout, SessionSettings, SessionState};
 use super::turn::{WarmRequest, WarmResult};
@@ -38,20 +40,21 @@ pub enum Command {
     Data {
         reply: Reply<Value>,
     },
+    /// Replies with the ack and its record's durability (the route awaits both).
     Push {
         entries: Vec<super::state::Entry>,
-        reply: Reply<Result<Value, ApiError>>,
+        reply: Reply<Result<(Value, Durable), ApiError>>,
     },
     AddFlash {
         spec: super::flash::FlashSpec,
-        reply: Reply<Result<Value, ApiError>>,
+        reply: Reply<Result<(Value, Durable), ApiError>>,
     },
     ListFlash {
         reply: Reply<Value>,
     },
     DeleteFlash {
         id: u64,
-        reply: Reply<Result<Value, ApiError>>,
+        reply: Reply<Result<(Value, Durable), ApiError>>,
     },
     Ready {
         reply: Reply<(Option<(u32, f32)>, u64)>,
@@ -148,6 +151,8 @@ struct Deleting {
     reply: Option<Reply<Result<(), ApiError>>>,
     expired: Option<Reply<bool>>,
     deadline: Instant,
+    /// The session is deleted (not shut down with the server): the journal forgets it.
+    forget: bool,
 }
 
 pub struct SessionActor {
@@ -177,6 +182,11 @@ pub struct SessionActor {
     /// The next batch waits for the flash round until then (see the module doc).
     pub hold: Option<Instant>,
     deleting: Option<Deleting>,
+    /// Restored or imported: its KV is being recomputed from the mirror, and flash rounds
+    /// wait for that.
+    pub rebuilding: bool,
+    /// Event ids the journal has reserved for this session (`Op::Events`).
+    events_reserved: u64,
 }
 
 impl SessionActor {
@@ -216,6 +226,37 @@ impl SessionActor {
             warm_waiting: None,
             hold: None,
             deleting: None,
+            rebuilding: false,
+            events_reserved: 0,
+        }
+    }
+
+    /// Recompute the KV of a restored session from its mirror before anything else: a data
+    /// layout re-ingests the opening and the retained entries (with whatever is pending), a
+    /// closed turn is warmed again.
+    pub fn rebuild(&mut self) {
+        self.rebuilding = true;
+        match self.st.layout {
+            Layout::Data => self.st.opening_due = true,
+            Layout::Chat => {
+                let (reply, _) = oneshot::channel();
+                self.warm_waiting = Some(WarmRequest {
+                    prompt: self.st.base.clone(),
+                    reply,
+                });
+            }
+        }
+    }
+
+    /// Log a new reservation of event ids before the session can use them all.
+    fn reserve_events(&mut self) {
+        let next = self.events.next_id();
+        if next + EVENT_RESERVE / 2 > self.events_reserved {
+            self.events_reserved = next + EVENT_RESERVE;
+            let reserved = self.events_reserved;
+            self.deps
+                .journal
+                .log(&self.head.id, Op::Events { reserved });
         }
     }
 
@@ -224,6 +265,9 @@ impl SessionActor {
             self.schedule();
             self.publish_flash();
             self.publish_progress();
+            if self.deleting.is_none() {
+                self.reserve_events();
+            }
             if self.deletion_done() {
                 self.finish_delete();
                 return;
@@ -232,10 +276,13 @@ impl SessionActor {
             tokio::select! {
                 cmd = self.commands.recv(), if !self.commands_closed => match cmd {
                     Some(cmd) => self.command(cmd),
-                    // Every handle is gone: release the session as a deletion would.
+                    // Every handle is gone: release the session as a deletion would (the
+                    // journal keeps it: only a delete or an expiry forgets a session).
                     None => {
                         self.commands_closed = true;
-                        self.begin_delete(None, None, None);
+                        if self.deleting.is_none() {
+                            self.begin_delete(None, None, None);
+                        }
                     }
                 },
                 Some(done) = self.jobs.recv() => self.job_done(done),
@@ -454,6 +501,7 @@ impl SessionActor {
             reply,
             expired,
             deadline: Instant::now() + DELETE_WAIT,
+            forget: event == Some("deleted"),
         });
     }
 
@@ -468,6 +516,9 @@ impl SessionActor {
     fn finish_delete(&mut self) {
         let _ = self.deps.engine.drop_pin(self.head.pin);
         if let Some(d) = self.deleting.take() {
+            if d.forget {
+                self.deps.journal.log(&self.head.id, Op::Delete);
+            }
             if let Some(r) = d.reply {
                 let _ = r.send(Ok(()));
             }

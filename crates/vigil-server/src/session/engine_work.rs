@@ -40,6 +40,11 @@ impl QueueBudget {
             .map(|_| ())
     }
 
+    /// Take `bytes` whatever is held (entries restored from the journal were acknowledged).
+    pub fn force(&self, bytes: usize) {
+        self.used.fetch_add(bytes, Ordering::AcqRel);
+    }
+
     pub fn release(&self, bytes: usize) {
         let _ = self
             .used
@@ -62,6 +67,8 @@ pub struct SessionDeps {
     pub max_model_len: usize,
     pub metrics: Arc<ServerMetrics>,
     pub budget: Arc<QueueBudget>,
+    /// Where the session's changes are logged (`journal/`).
+    pub journal: super::journal::Journal,
 }
 
 /// One request of session work.

@@ -39,9 +39,14 @@ impl Default for EventBus {
 
 impl EventBus {
     pub fn new() -> Self {
+        Self::starting_at(1)
+    }
+
+    /// A bus whose first event gets id `next_id` (a restored session goes on from its ids).
+    pub fn starting_at(next_id: u64) -> Self {
         EventBus {
             inner: Mutex::new(Replay {
-                next_id: 1,
+                next_id: next_id.max(1),
                 events: VecDeque::new(),
             }),
             tx: broadcast::channel(CHANNEL_EVENTS).0,

@@ -10,6 +10,8 @@
 
 use super::actor::{JobResult, SessionActor};
 use super::engine_work::{greedy, Job, JobDone, SessionDeps};
+use super::journal::model::Op;
+use super::journal::Durable;
 use super::state::Layout;
 use crate::error::ApiError;
 use serde_json::{json, Value};
@@ -228,7 +230,7 @@ struct Evaluated {
 }
 
 impl SessionActor {
-    pub(super) fn add_flash(&mut self, spec: FlashSpec) -> Result<Value, ApiError> {
+    pub(super) fn add_flash(&mut self, spec: FlashSpec) -> Result<(Value, Durable), ApiError> {
         let st = &mut self.st;
         st.touch();
         if st.flash.iter().any(|q| q.query == spec.query) {
@@ -255,9 +257,14 @@ impl SessionActor {
         };
         st.next_flash_id += 1;
         let v = q.to_json(st.data_version);
+        let op = Op::AddFlash {
+            id: q.id,
+            query: q.query.clone(),
+            max_tokens: q.max_tokens,
+        };
         st.flash.push(q);
         self.flash_epoch += 1;
-        Ok(v)
+        Ok((v, self.deps.journal.log_durable(&self.head.id, op)))
     }
 
     pub(super) fn list_flash(&mut self) -> Value {
@@ -267,7 +274,7 @@ impl SessionActor {
         json!({"object": "list", "data": data, "data_version": v})
     }
 
-    pub(super) fn delete_flash(&mut self, id: u64) -> Result<Value, ApiError> {
+    pub(super) fn delete_flash(&mut self, id: u64) -> Result<(Value, Durable), ApiError> {
         let st = &mut self.st;
         st.touch();
         let before = st.flash.len();
@@ -279,9 +286,13 @@ impl SessionActor {
             )));
         }
         self.flash_epoch += 1;
-        Ok(
-            json!({"id": id, "object": "session.flash_query.deleted", "deleted": true, "remaining": st.flash.len()}),
-        )
+        let v = json!({"id": id, "object": "session.flash_query.deleted", "deleted": true, "remaining": st.flash.len()});
+        Ok((
+            v,
+            self.deps
+                .journal
+                .log_durable(&self.head.id, Op::DeleteFlash { id }),
+        ))
     }
 
     /// Publish the flash view if the queries, their answers or the data version changed.
@@ -309,7 +320,7 @@ impl SessionActor {
     /// Start a round for every query behind the newest version (none before any data).
     pub(super) fn start_round(&mut self) {
         let v = self.st.data_version;
-        if v == 0 || !self.st.flash.iter().any(|q| q.due_at(v)) {
+        if v == 0 || self.rebuilding || !self.st.flash.iter().any(|q| q.due_at(v)) {
             return;
         }
         let mirror = self.st.mirror();

@@ -7,7 +7,7 @@ use super::actor::{Command, Context, Progress, SessionActor, Signals};
 use super::engine_work::SessionDeps;
 use super::events::EventBus;
 use super::flash::{FlashSpec, Lookup};
-use super::state::{Entry, Identity, SessionSettings};
+use super::state::{Entry, Identity, SessionSettings, SessionState};
 use crate::error::ApiError;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,12 +38,26 @@ pub struct Session {
 impl Session {
     /// Start the session's actor and return its handle.
     pub fn spawn(head: Identity, settings: SessionSettings, deps: SessionDeps) -> Session {
+        let st = SessionState::new(settings.opening.clone());
+        Self::spawn_with(head, settings, deps, st, EventBus::new(), false)
+    }
+
+    /// Start an actor over `st` (a restored or imported session: `rebuild` recomputes its KV
+    /// from the mirror before anything else runs on it).
+    pub fn spawn_with(
+        head: Identity,
+        settings: SessionSettings,
+        deps: SessionDeps,
+        st: SessionState,
+        events: EventBus,
+        rebuild: bool,
+    ) -> Session {
         let (commands, rx) = mpsc::unbounded_channel();
         let (progress_tx, progress) = watch::channel(Progress::default());
         let (gone_tx, gone) = watch::channel(false);
         let (view_tx, flash_view) = watch::channel(Arc::default());
         let settings = Arc::new(settings);
-        let events = Arc::new(EventBus::new());
+        let events = Arc::new(events);
         let handle = Session {
             id: head.id.clone(),
             pin: head.pin,
@@ -57,7 +71,7 @@ impl Session {
             gone,
             next_turn: AtomicU64::new(1),
         };
-        let actor = SessionActor::new(
+        let mut actor = SessionActor::new(
             head,
             settings,
             deps,
@@ -69,6 +83,10 @@ impl Session {
                 flash_view: view_tx,
             },
         );
+        actor.st = st;
+        if rebuild {
+            actor.rebuild();
+        }
         tokio::spawn(actor.run());
         handle
     }
@@ -144,13 +162,21 @@ impl Session {
         self.call(|reply| Command::Data { reply }).await
     }
 
-    /// Queue entries; the ack.
+    /// Queue entries; the ack, once the push is durable.
     pub async fn push(&self, entries: Vec<Entry>) -> Result<Value, ApiError> {
-        self.call(|reply| Command::Push { entries, reply }).await?
+        let (ack, durable) = self
+            .call(|reply| Command::Push { entries, reply })
+            .await??;
+        durable.wait().await?;
+        Ok(ack)
     }
 
     pub async fn add_flash(&self, spec: FlashSpec) -> Result<Value, ApiError> {
-        self.call(|reply| Command::AddFlash { spec, reply }).await?
+        let (v, durable) = self
+            .call(|reply| Command::AddFlash { spec, reply })
+            .await??;
+        durable.wait().await?;
+        Ok(v)
     }
 
     pub async fn list_flash(&self) -> Result<Value, ApiError> {
@@ -158,8 +184,9 @@ impl Session {
     }
 
     pub async fn delete_flash(&self, id: u64) -> Result<Value, ApiError> {
-        self.call(|reply| Command::DeleteFlash { id, reply })
-            .await?
+        let (v, durable) = (self.call(|reply| Command::DeleteFlash { id, reply })).await??;
+        durable.wait().await?;
+        Ok(v)
     }
 
     /// A registered flash query's text, from the published view.

@@ -14,6 +14,8 @@
 use super::actor::{JobResult, SessionActor, Writer};
 use super::engine_work::{greedy, Job, JobDone};
 use super::flash::logit_gap;
+use super::journal::model::Op;
+use super::journal::Durable;
 use super::queued_cost;
 use super::state::{Entry, Layout, Overflow, WindowMode};
 use crate::error::ApiError;
@@ -81,8 +83,8 @@ impl Batch {
 }
 
 impl SessionActor {
-    /// The push ack: queue counters after this push.
-    pub(super) fn push(&mut self, mut entries: Vec<Entry>) -> Result<Value, ApiError> {
+    /// The push ack: queue counters after this push, and the push's durability.
+    pub(super) fn push(&mut self, mut entries: Vec<Entry>) -> Result<(Value, Durable), ApiError> {
         let now = std::time::Instant::now();
         for e in &mut entries {
             e.queued = now;
@@ -136,6 +138,7 @@ impl SessionActor {
             e.retry_after = Some(1);
             return Err(e);
         }
+        let texts: Vec<String> = entries.iter().map(|e| e.text.clone()).collect();
         st.pending.extend(entries);
         st.pending_bytes += bytes;
         st.total_pushed += n as u64;
@@ -150,6 +153,14 @@ impl SessionActor {
             }
         }
         st.total_dropped += dropped;
+        // Logged as applied (queued, then the oldest dropped): the replay drops the same ones.
+        let durable = self.deps.journal.log_durable(
+            &self.head.id,
+            Op::Push {
+                entries: texts,
+                dropped,
+            },
+        );
         let ack = json!({
             "pushed": n,
             "dropped": dropped,
@@ -166,7 +177,7 @@ impl SessionActor {
             self.events.publish("dropped", ev);
         }
         (metrics.session_pushed_entries).fetch_add(n as u64, Ordering::Relaxed);
-        Ok(ack)
+        Ok((ack, durable))
     }
 
     pub(super) fn ingest_due(&self) -> bool {
@@ -232,6 +243,10 @@ impl SessionActor {
                 entries.push(e);
             }
         }
+        if !entries.is_empty() {
+            let n = entries.len();
+            self.deps.journal.log(&self.head.id, Op::Taken { n });
+        }
         let mut base = st.base.clone();
         if st.layout == Layout::Chat {
             base.extend_from_slice(&self.settings.chat_data_prefix);
@@ -285,6 +300,7 @@ impl SessionActor {
     /// as dropped if the prefill failed. A cancelled one (the session is going) is dropped.
     pub(super) fn batch_landed(&mut self, batch: Batch, result: Result<Option<JobDone>, ApiError>) {
         self.writer = Writer::Idle;
+        self.rebuilding = false;
         if self.gone.borrow().to_owned() {
             return;
         }
@@ -312,6 +328,13 @@ impl SessionActor {
             );
         }
         let st = &mut self.st;
+        let opened_turn = st.layout == Layout::Chat;
+        let landed = Op::Landed {
+            evicted: batch.evicted as u64,
+            evicted_tokens: batch.evicted_tokens as u64,
+            shifted: batch.shifted,
+            base: opened_turn.then(|| batch.base.clone()),
+        };
         st.base = batch.base;
         st.opening_due = false;
         st.data_tokens = batch.retained.iter().map(|e| e.tokens.len()).sum();
@@ -324,6 +347,8 @@ impl SessionActor {
         if n == 0 {
             return;
         }
+        self.deps.journal.log(&self.head.id, landed);
+        let st = &mut self.st;
         st.data_version += 1;
         st.total_ingested += n;
         st.evicted += batch.evicted as u64;
@@ -349,6 +374,7 @@ impl SessionActor {
     /// A batch that could not be ingested is counted as dropped and reported, never lost.
     fn lose_batch(&mut self, n: usize, err: &ApiError) {
         tracing::warn!(session = %self.head.id, "ingest batch of {n} entries dropped: {}", err.message);
+        self.deps.journal.log(&self.head.id, Op::Lost);
         self.st.total_dropped += n as u64;
         let ev = json!({"dropped": n, "total_dropped": self.st.total_dropped, "data_version": self.st.data_version, "message": err.message});
         (self.deps.metrics.session_dropped_entries).fetch_add(n as u64, Ordering::Relaxed);

@@ -10,7 +10,9 @@ pub mod flash;
 pub mod generate;
 pub mod handle;
 pub mod ingest;
+pub mod journal;
 pub mod layout;
+pub mod restore;
 pub mod routes;
 pub mod state;
 pub mod stream;
@@ -39,6 +41,8 @@ pub struct SessionRegistry {
     /// Bytes queued in every session's pending queue (`queued_cost` each), and the most the
     /// server holds (`--max-pending-bytes-total`); a push past it is a 429.
     pub budget: Arc<QueueBudget>,
+    /// Where every session's changes are logged (`--state-dir`; in memory with `--no-persist`).
+    pub journal: journal::Journal,
 }
 
 /// Bookkeeping a queued entry costs beyond its text (its token vector and queue slot).
@@ -65,8 +69,14 @@ pub fn valid_id(id: &str) -> bool {
 }
 
 impl SessionRegistry {
-    pub fn new(ttl: Duration, max_sessions: usize, max_queued_bytes: usize) -> Self {
+    pub fn new(
+        ttl: Duration,
+        max_sessions: usize,
+        max_queued_bytes: usize,
+        journal: journal::Journal,
+    ) -> Self {
         SessionRegistry {
+            journal,
             sessions: Mutex::new(HashMap::new()),
             next_pin: AtomicU64::new(1),
             ttl,
@@ -108,13 +118,14 @@ impl SessionRegistry {
         v
     }
 
-    /// Register a session and start its actor.
+    /// Register a session and start its actor; the creation is logged (the `Durable` resolves
+    /// once it is on disk).
     pub fn create(
         &self,
         state: &SharedState,
         id: Option<String>,
         settings: SessionSettings,
-    ) -> Result<Arc<Session>, ApiError> {
+    ) -> Result<(Arc<Session>, journal::Durable), ApiError> {
         let id = match id {
             Some(id) if !valid_id(&id) => {
                 return Err(ApiError::invalid(
@@ -126,7 +137,25 @@ impl SessionRegistry {
             None => crate::ids::new_id("sess_"),
         };
         let mut map = self.map();
-        if map.contains_key(&id) {
+        self.room_for(&map, &id)?;
+        let pin = self.next_pin.fetch_add(1, Ordering::Relaxed);
+        let head = Identity::new(id.clone(), pin);
+        // Logged under the map's lock: a later session with this id is logged after it.
+        let durable = self.journal.log_durable(
+            &id,
+            journal::model::Op::Create {
+                created_ms: head.created_ms as u64,
+                params: settings.params(),
+            },
+        );
+        let s = Arc::new(Session::spawn(head, settings, self.deps(state)));
+        map.insert(id, s.clone());
+        (state.metrics.sessions_live).store(map.len(), Ordering::Relaxed);
+        Ok((s, durable))
+    }
+
+    fn room_for(&self, map: &HashMap<String, Arc<Session>>, id: &str) -> Result<(), ApiError> {
+        if map.contains_key(id) {
             return Err(conflict(format!("session `{id}` already exists")));
         }
         if map.len() >= self.max_sessions {
@@ -135,22 +164,52 @@ impl SessionRegistry {
                 map.len()
             )));
         }
-        let pin = self.next_pin.fetch_add(1, Ordering::Relaxed);
-        let deps = SessionDeps {
+        Ok(())
+    }
+
+    fn deps(&self, state: &SharedState) -> SessionDeps {
+        SessionDeps {
             engine: state.engine.clone(),
             tokenizer: state.tokenizer.clone(),
             max_model_len: state.max_model_len,
             metrics: state.metrics.clone(),
             budget: self.budget.clone(),
+            journal: self.journal.clone(),
+        }
+    }
+
+    /// Register a restored or imported session (its state rebuilt by `restore.rs`) and start
+    /// its actor, which recomputes its KV. `log`: the record that makes it durable here (an
+    /// import's), none for a session restored from this server's own journal.
+    pub fn adopt(
+        &self,
+        state: &SharedState,
+        restored: restore::Restored,
+        log: Option<journal::model::Op>,
+    ) -> Result<(Arc<Session>, journal::Durable), ApiError> {
+        let mut map = self.map();
+        let id = restored.id.clone();
+        self.room_for(&map, &id)?;
+        let pin = self.next_pin.fetch_add(1, Ordering::Relaxed);
+        let durable = match log {
+            Some(op) => self.journal.log_durable(&id, op),
+            None => journal::Durable::done(),
         };
-        let s = Arc::new(Session::spawn(
-            Identity::new(id.clone(), pin),
-            settings,
-            deps,
+        let queued: usize = restored.st.pending.iter().map(queued_cost).sum();
+        self.budget.force(queued);
+        let head = Identity::at(id.clone(), pin, restored.created_ms as u128);
+        let events = events::EventBus::starting_at(restored.next_event_id);
+        let s = Arc::new(Session::spawn_with(
+            head,
+            restored.settings,
+            self.deps(state),
+            restored.st,
+            events,
+            true,
         ));
         map.insert(id, s.clone());
         (state.metrics.sessions_live).store(map.len(), Ordering::Relaxed);
-        Ok(s)
+        Ok((s, durable))
     }
 
     fn unregister(&self, state: &SharedState, session: &Arc<Session>) {

@@ -3,6 +3,7 @@
 
 use super::flash::{FlashSpec, Wrapped, DEFAULT_FLASH_MAX_TOKENS};
 use super::ingest;
+use super::journal::model::SessionParams;
 use super::layout;
 use super::state::{Overflow, SessionSettings, WindowMode};
 use super::Session;
@@ -63,25 +64,61 @@ pub async fn create(State(state): State<SharedState>, body: Body) -> Response {
     respond(&state, r)
 }
 
+/// What a session's template gives its settings: the opening and the question wrappings,
+/// tokenized.
+pub struct TemplateTokens {
+    opening: Vec<u32>,
+    wraps: layout::Wraps,
+    chat_data_prefix: Vec<u32>,
+    ready_suffix: Vec<u32>,
+}
+
+impl TemplateTokens {
+    /// Render and tokenize the template around `prompt` (CPU work: off the async workers).
+    pub async fn build(state: &SharedState, prompt: Option<&str>) -> Result<Self, ApiError> {
+        let (st, prompt) = (state.clone(), prompt.map(str::to_string));
+        crate::cpu_jobs::check_length(state, prompt.as_deref().map_or(0, str::len), "prompt")?;
+        crate::cpu_jobs::run(state, move || {
+            let text = layout::opening(&st, prompt.as_deref())?;
+            let wraps = layout::Wraps::build(&st, prompt.as_deref())?;
+            let encode = |t: &str| {
+                (st.tokenizer.encode(t, false)).map_err(|e| {
+                    ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}"))
+                })
+            };
+            Ok(TemplateTokens {
+                opening: encode(&text)?,
+                chat_data_prefix: encode(&layout::data_prefix(&st, super::state::Layout::Chat)?)?,
+                ready_suffix: encode(&wraps.data.after)?,
+                wraps,
+            })
+        })
+        .await
+    }
+
+    /// The settings of a session created with `p`.
+    pub fn settings(self, p: SessionParams) -> SessionSettings {
+        SessionSettings {
+            window: p.window,
+            evict_to: p.evict_to,
+            window_mode: p.window_mode,
+            pre_decode: p.pre_decode,
+            prompt: p.prompt,
+            overflow: p.overflow,
+            max_pending: p.max_pending,
+            max_pending_bytes: p.max_pending_bytes,
+            wraps: self.wraps,
+            opening: self.opening,
+            chat_data_prefix: self.chat_data_prefix,
+            ready_suffix: self.ready_suffix,
+        }
+    }
+}
+
 async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError> {
     let req: CreateRequest = parse_body(body, Flavor::OpenAi)?;
-    // Rendering and tokenizing a client's `prompt` is CPU work: off the async workers.
-    let (st, prompt) = (state.clone(), req.prompt.clone());
-    crate::cpu_jobs::check_length(state, prompt.as_deref().map_or(0, str::len), "prompt")?;
-    let (opening, wraps, chat_data_prefix, ready_suffix) = crate::cpu_jobs::run(state, move || {
-        let text = layout::opening(&st, prompt.as_deref())?;
-        let wraps = layout::Wraps::build(&st, prompt.as_deref())?;
-        let encode = |t: &str| {
-            (st.tokenizer.encode(t, false)).map_err(|e| {
-                ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}"))
-            })
-        };
-        let opening = encode(&text)?;
-        let chat_data_prefix = encode(&layout::data_prefix(&st, super::state::Layout::Chat)?)?;
-        let ready_suffix = encode(&wraps.data.after)?;
-        Ok((opening, wraps, chat_data_prefix, ready_suffix))
-    })
-    .await?;
+    let tokens = TemplateTokens::build(state, req.prompt.as_deref()).await?;
+    let opening = &tokens.opening;
     let room = state
         .max_model_len
         .saturating_sub(opening.len() + ingest::QUESTION_ROOM.min(state.max_model_len / 4));
@@ -119,7 +156,7 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
             "`window_mode` needs a `window`",
         ));
     }
-    let settings = SessionSettings {
+    let params = SessionParams {
         window,
         evict_to,
         window_mode: req.window_mode.unwrap_or_default(),
@@ -138,12 +175,11 @@ async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError
             DEFAULT_MAX_PENDING_BYTES,
             state.sessions.budget.max,
         )?,
-        wraps,
-        opening,
-        chat_data_prefix,
-        ready_suffix,
     };
-    let s = state.sessions.create(state, req.id, settings)?;
+    let (s, durable) = state
+        .sessions
+        .create(state, req.id, tokens.settings(params))?;
+    durable.wait().await?;
     s.describe(false).await
 }
 
@@ -300,7 +336,7 @@ pub async fn add_flash(
             .max_tokens
             .unwrap_or(DEFAULT_FLASH_MAX_TOKENS as i64)
             .clamp(1, 256) as usize;
-        let (tokens, wrapped) = flash_fits(&state, &session, &req.query).await?;
+        let (tokens, wrapped) = flash_fits(&state, &session.settings, &req.query).await?;
         let spec = FlashSpec {
             query: req.query,
             max_tokens,
@@ -317,12 +353,12 @@ pub async fn add_flash(
 /// can be answered at all: the opening, the question's wrapping and the query must leave room
 /// for one generated token even on empty data (else 400 `context_length_exceeded` naming
 /// `query`). Tokenized off the async workers.
-async fn flash_fits(
+pub async fn flash_fits(
     state: &SharedState,
-    session: &Session,
+    settings: &SessionSettings,
     query: &str,
 ) -> Result<(usize, Wrapped), ApiError> {
-    let wraps = session.settings.wraps.clone();
+    let wraps = settings.wraps.clone();
     let (tokenizer, query) = (state.tokenizer.clone(), query.to_string());
     crate::cpu_jobs::check_length(state, query.len(), "query")?;
     let (own, wrapped) = crate::cpu_jobs::run(state, move || {
@@ -341,7 +377,7 @@ async fn flash_fits(
         Ok((own, wrapped))
     })
     .await?;
-    let needed = session.settings.opening.len() + wrapped.data.len();
+    let needed = settings.opening.len() + wrapped.data.len();
     if needed >= state.max_model_len {
         return Err(ApiError::too_long(
             "query",

@@ -53,6 +53,22 @@ pub struct SessionSettings {
     pub ready_suffix: Vec<u32>,
 }
 
+impl SessionSettings {
+    /// The settings as created, before anything was tokenized (what the journal keeps).
+    pub fn params(&self) -> super::journal::model::SessionParams {
+        super::journal::model::SessionParams {
+            window: self.window,
+            evict_to: self.evict_to,
+            window_mode: self.window_mode,
+            pre_decode: self.pre_decode,
+            prompt: self.prompt.clone(),
+            overflow: self.overflow,
+            max_pending: self.max_pending,
+            max_pending_bytes: self.max_pending_bytes,
+        }
+    }
+}
+
 /// Where the durable context ends, which decides how a question is appended. A new session
 /// starts with its opening, an open user turn: `Data`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,6 +269,11 @@ impl Identity {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
+        Self::at(id, pin, ms)
+    }
+
+    /// A session created at `ms` (milliseconds since the epoch): a restored one keeps its time.
+    pub fn at(id: String, pin: vigil_engine::pins::PinKey, ms: u128) -> Self {
         Identity {
             id,
             pin,

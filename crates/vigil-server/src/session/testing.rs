@@ -43,6 +43,7 @@ pub fn tiny_deps_with(num_blocks: usize, config: SchedulerConfig) -> SessionDeps
         max_model_len: (4 * num_blocks).min(128),
         metrics: Arc::default(),
         budget: Arc::new(QueueBudget::new(1 << 20)),
+        journal: super::journal::Journal::in_memory(),
     }
 }
 

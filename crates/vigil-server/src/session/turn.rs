@@ -8,6 +8,7 @@
 use super::actor::{JobResult, SessionActor, Writer};
 use super::engine_work::Job;
 use super::handle::Session;
+use super::journal::model::Op;
 use super::state::{Identity, Layout, SessionState};
 use crate::error::{ApiError, Flavor};
 use crate::extract::parse_body;
@@ -135,8 +136,8 @@ async fn warm_inner(
 
 /// A warm waiting for the writer, or running.
 pub struct WarmRequest {
-    prompt: Vec<u32>,
-    reply: oneshot::Sender<Result<Value, ApiError>>,
+    pub prompt: Vec<u32>,
+    pub reply: oneshot::Sender<Result<Value, ApiError>>,
 }
 
 impl WarmRequest {
@@ -196,6 +197,11 @@ impl SessionActor {
 
     /// Make `history` the session's durable context (a closed turn) and announce it.
     fn settle(&mut self, history: Vec<u32>, completed_turn: bool) {
+        let op = Op::Settle {
+            base: history.clone(),
+            turn: completed_turn,
+        };
+        self.deps.journal.log(&self.head.id, op);
         let st = &mut self.st;
         st.base = history;
         st.entries.clear();
@@ -297,6 +303,7 @@ impl SessionActor {
 
     pub(super) fn warm_done(&mut self, w: WarmResult) {
         self.writer = Writer::Idle;
+        self.rebuilding = false;
         let (reason, cached) = match w.outcome {
             Ok(Some(cached)) => ("warmed", cached),
             Ok(None) => ("cancelled", 0),
@@ -313,6 +320,11 @@ impl SessionActor {
         if w.diverged {
             st.data_version = w.version + 1;
         }
+        let op = Op::Warmed {
+            base: st.base.clone(),
+            data_version: st.data_version,
+        };
+        self.deps.journal.log(&self.head.id, op);
         let v = warm_json(st, &self.head, reason, w.request.prompt.len(), cached);
         let _ = w.request.reply.send(Ok(v));
     }

@@ -1,0 +1,255 @@
+//! Durable sessions: every change to a session that a client was told of is logged, and a
+//! push, a creation, a flash registration or removal and a deletion are acknowledged only once
+//! their record is on disk (fsync). One writer thread owns the log (the actors send it
+//! records, in the order they apply them) and commits in groups: every record that arrived
+//! while the previous fsync ran goes into the next one, so concurrent pushes share an fsync.
+//!
+//! The thread also keeps the journal's model of every session current (`model.rs`), so a
+//! snapshot and an export are that model, and a restart rebuilds it through the same fold.
+//! With `--no-persist` the thread keeps the model and writes nothing (exports still work).
+
+pub mod frame;
+pub mod model;
+pub mod store;
+#[cfg(test)]
+mod tests;
+
+use crate::error::ApiError;
+use axum::http::StatusCode;
+use model::{DurableSession, Model, Op, Record};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use store::Store;
+use tokio::sync::oneshot;
+
+/// Default size past which a log segment is closed by a snapshot.
+pub const SEGMENT_LIMIT: u64 = 64 << 20;
+/// Event ids a session may use before it logs a new reservation (`Op::Events`).
+pub const EVENT_RESERVE: u64 = 1024;
+
+/// The journal's counters (`/metrics`).
+#[derive(Debug, Default)]
+pub struct JournalStats {
+    pub records: AtomicU64,
+    pub syncs: AtomicU64,
+    pub bytes: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl JournalStats {
+    /// The journal's Prometheus series (records per sync shows the group commit at work).
+    pub fn render(&self, out: &mut String, persistent: bool) {
+        use std::fmt::Write;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (name, help, v) in [
+            (
+                "vigil_state_log_records_total",
+                "Session records logged to the journal.",
+                l(&self.records),
+            ),
+            (
+                "vigil_state_log_syncs_total",
+                "Journal writes made durable (one fsync each, shared by every record that waited).",
+                l(&self.syncs),
+            ),
+            (
+                "vigil_state_log_bytes_total",
+                "Bytes written to the journal's log.",
+                l(&self.bytes),
+            ),
+            (
+                "vigil_state_log_failed_acks_total",
+                "Acknowledgements refused because the journal could not write.",
+                l(&self.errors),
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP vigil_state_persistent 1 when sessions are journaled to disk (--state-dir).\n# TYPE vigil_state_persistent gauge\nvigil_state_persistent {}",
+            u8::from(persistent)
+        );
+    }
+}
+
+enum Msg {
+    Log {
+        rec: Record,
+        done: Option<oneshot::Sender<Result<(), String>>>,
+    },
+    Export {
+        id: String,
+        reply: oneshot::Sender<Option<DurableSession>>,
+    },
+}
+
+/// The handle actors and routes hold: sends records to the writer thread.
+#[derive(Clone)]
+pub struct Journal {
+    tx: mpsc::Sender<Msg>,
+    pub persistent: bool,
+    pub stats: Arc<JournalStats>,
+}
+
+/// A record's acknowledgement: resolves once it is on disk.
+pub struct Durable(Option<oneshot::Receiver<Result<(), String>>>);
+
+impl Durable {
+    /// Nothing to wait for.
+    pub fn done() -> Durable {
+        Durable(None)
+    }
+
+    /// Wait until the record is durable; a failed write is a 503 naming the cause.
+    pub async fn wait(self) -> Result<(), ApiError> {
+        let Some(rx) = self.0 else {
+            return Ok(());
+        };
+        let failed = |why: String| {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                format!("the change could not be made durable ({why}); it was not acknowledged"),
+            );
+            e.retry_after = Some(1);
+            e
+        };
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(failed(why)),
+            Err(_) => Err(failed("the journal stopped".into())),
+        }
+    }
+}
+
+impl Journal {
+    /// Start the writer thread over `store` (none: keep the model only) holding `model`.
+    pub fn start(store: Option<Store>, model: Model) -> std::io::Result<Journal> {
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(JournalStats::default());
+        let persistent = store.is_some();
+        let thread_stats = stats.clone();
+        std::thread::Builder::new()
+            .name("vigil-journal".into())
+            .spawn(move || run(rx, store, model, &thread_stats))?;
+        Ok(Journal {
+            tx,
+            persistent,
+            stats,
+        })
+    }
+
+    /// A journal that writes nothing (`--no-persist`, and tests).
+    pub fn in_memory() -> Journal {
+        Self::start(None, Model::default()).expect("the journal thread starts")
+    }
+
+    /// Log `op` on session `id` (durable soon, no acknowledgement awaited).
+    pub fn log(&self, id: &str, op: Op) {
+        let rec = Record {
+            session: id.to_string(),
+            op,
+        };
+        let _ = self.tx.send(Msg::Log { rec, done: None });
+    }
+
+    /// Log `op` on session `id`; the returned `Durable` resolves once it is on disk.
+    pub fn log_durable(&self, id: &str, op: Op) -> Durable {
+        if !self.persistent {
+            self.log(id, op);
+            return Durable(None);
+        }
+        let (done, rx) = oneshot::channel();
+        let rec = Record {
+            session: id.to_string(),
+            op,
+        };
+        let _ = self.tx.send(Msg::Log {
+            rec,
+            done: Some(done),
+        });
+        Durable(Some(rx))
+    }
+
+    /// The session as every record logged before this call left it.
+    pub async fn export(&self, id: &str) -> Option<DurableSession> {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.tx.send(Msg::Export {
+            id: id.to_string(),
+            reply,
+        });
+        rx.await.ok().flatten()
+    }
+}
+
+/// The writer thread: take every message waiting, apply and frame its records, write them and
+/// sync once, then acknowledge them all (group commit).
+fn run(rx: mpsc::Receiver<Msg>, mut store: Option<Store>, mut model: Model, stats: &JournalStats) {
+    let mut broken: Option<String> = None;
+    let mut buf = Vec::new();
+    let mut acks = Vec::new();
+    while let Ok(first) = rx.recv() {
+        buf.clear();
+        let mut next = Some(first);
+        let mut records = 0u64;
+        while let Some(msg) = next {
+            match msg {
+                Msg::Log { rec, done } => {
+                    if store.is_some() {
+                        match serde_json::to_vec(&rec) {
+                            Ok(bytes) => frame::frame(&bytes, &mut buf),
+                            Err(e) => tracing::error!("journal: a record did not serialize: {e}"),
+                        }
+                    }
+                    model.apply(rec);
+                    records += 1;
+                    acks.extend(done);
+                }
+                Msg::Export { id, reply } => {
+                    let _ = reply.send(model.sessions.get(&id).cloned());
+                }
+            }
+            // Bounded, so one burst cannot hold its first acknowledgements for long.
+            next = if records < 4096 {
+                rx.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        stats.records.fetch_add(records, Ordering::Relaxed);
+        let result = match (&mut store, &broken) {
+            (_, Some(why)) => Err(why.clone()),
+            (Some(s), None) if !buf.is_empty() => {
+                let r = s.append(&buf).and_then(|()| s.sync());
+                stats.syncs.fetch_add(1, Ordering::Relaxed);
+                stats.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                r.map_err(|e| {
+                    // What was written may be partial: nothing more is appended after it.
+                    let why = format!("writing {}: {e}", s.dir().display());
+                    tracing::error!("journal: {why}; later changes are not acknowledged");
+                    broken = Some(why.clone());
+                    why
+                })
+            }
+            _ => Ok(()),
+        };
+        if result.is_err() {
+            stats.errors.fetch_add(acks.len() as u64, Ordering::Relaxed);
+        }
+        for done in acks.drain(..) {
+            let _ = done.send(result.clone());
+        }
+        if let (Some(s), None) = (&mut store, &broken) {
+            if s.should_rotate() {
+                if let Err(e) = s.rotate(&model) {
+                    tracing::error!("journal: closing a log segment: {e}");
+                    broken = Some(e.to_string());
+                }
+            }
+        }
+    }
+}
