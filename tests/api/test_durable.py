@@ -257,3 +257,44 @@ def test_a_second_server_on_the_same_state_dir_is_refused(model_dir, tmp_path):
         assert "in use by another vigil server" in second.log_tail(), second.log_tail()
     finally:
         first.stop()
+
+
+def test_an_agent_conversation_resumes_after_a_crash(model_dir, tmp_path):
+    # No prefix cache: what a turn reuses comes from its own session's KV alone.
+    server = serve("durable-agent", model_dir, tmp_path / "state", "--no-prefix-cache")
+    try:
+        def turn(sid, msgs):
+            r = httpx.post(server.v1 + "/chat/completions", headers={"x-layerscale-session-id": sid}, timeout=60,
+                           json={"model": "m", "messages": msgs, "max_tokens": 12, "temperature": 0})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        # The same two turns on two sessions; only the first crashes between them.
+        first = {}
+        for sid in ("agent", "control"):
+            create(server, id=sid)
+            first[sid] = turn(sid, [{"role": "user", "content": "List three colours."}])
+        before = session_get(server, "agent")
+        assert before["turns"] == 1
+        crash_and_restart(server)
+        after = session_get(server, "agent")
+        for k in ("turns", "tokens", "data_version"):
+            assert after[k] == before[k], (k, before, after)
+        # Once its KV is rebuilt, the next turn reuses what the uncrashed one does.
+        deadline = time.monotonic() + 30
+        for sid in ("agent", "control"):
+            while session_get(server, sid)["kv_tokens"] + 1 < after["tokens"]:
+                assert time.monotonic() < deadline, session_get(server, sid)
+                time.sleep(0.05)
+        second = {}
+        for sid in ("agent", "control"):
+            msgs = [{"role": "user", "content": "List three colours."}, first[sid]["choices"][0]["message"],
+                    {"role": "user", "content": "And two more."}]
+            second[sid] = turn(sid, msgs)
+            assert session_get(server, sid)["turns"] == 2
+        assert first["agent"]["choices"] == first["control"]["choices"]
+        assert second["agent"]["choices"] == second["control"]["choices"]
+        assert second["agent"]["usage"] == second["control"]["usage"]
+        assert second["agent"]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    finally:
+        server.stop()

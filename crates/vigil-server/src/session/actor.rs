@@ -185,6 +185,8 @@ pub struct SessionActor {
     /// Restored or imported: its KV is being recomputed from the mirror, and flash rounds
     /// wait for that.
     pub rebuilding: bool,
+    /// The reply of the rebuild's warm, which no client awaits.
+    pub rebuild_reply: Option<oneshot::Receiver<Result<Value, ApiError>>>,
     /// Event ids the journal has reserved for this session (`Op::Events`).
     events_reserved: u64,
 }
@@ -227,6 +229,7 @@ impl SessionActor {
             hold: None,
             deleting: None,
             rebuilding: false,
+            rebuild_reply: None,
             events_reserved: 0,
         }
     }
@@ -236,10 +239,14 @@ impl SessionActor {
     /// closed turn is warmed again.
     pub fn rebuild(&mut self) {
         self.rebuilding = true;
+        // An ingest batch would open a user turn after a closed one: a closed turn is warmed.
+        self.st.opening_due = self.st.layout == Layout::Data;
         match self.st.layout {
-            Layout::Data => self.st.opening_due = true,
+            Layout::Data => {}
             Layout::Chat => {
-                let (reply, _) = oneshot::channel();
+                // Held until the warm ends: a warm whose reply is dropped counts as abandoned.
+                let (reply, held) = oneshot::channel();
+                self.rebuild_reply = Some(held);
                 self.warm_waiting = Some(WarmRequest {
                     prompt: self.st.base.clone(),
                     reply,

@@ -304,6 +304,7 @@ impl SessionActor {
     pub(super) fn warm_done(&mut self, w: WarmResult) {
         self.writer = Writer::Idle;
         self.rebuilding = false;
+        self.rebuild_reply = None;
         let (reason, cached) = match w.outcome {
             Ok(Some(cached)) => ("warmed", cached),
             Ok(None) => ("cancelled", 0),
