@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The project's test command: fetch the real model, tokenizers, the Python clients and headless
-# Chromium, then lint, run every Rust test, and drive a real `vigil serve` with the openai and
-# layerscale clients (and open the benchmark report in Chromium).
+# The project's test command: fetch the real model, tokenizers, the Python clients, headless
+# Chromium and nginx, then lint, run every Rust test, and drive a real `vigil serve` with the
+# openai and layerscale clients (open the benchmark report in Chromium, put three replicas
+# behind nginx).
 #
 # The workspace is compiled once per profile: clippy (check), then the test build, whose
 # integration tests also build the `vigil` binary the API tests run (no separate
 # `cargo build`, which would unify features differently and rebuild the dependencies).
-# Honours CARGO_TARGET_DIR. Without a system tool a test needs (Chromium), that test is
+# Honours CARGO_TARGET_DIR. Without a system tool a test needs (Chromium, nginx), that test is
 # skipped and this says so; under CI (CI=true) a missing tool fails the run instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,15 @@ elif [ "${CI:-}" = true ]; then
   exit 1
 else
   echo "test.sh: no Chromium (see above): tests/api/test_bench_report.py will be skipped" >&2
+fi
+step "setting up nginx (for the replicas-behind-a-router test)"
+if nginx=$(scripts/setup_nginx.sh); then
+  eval "$nginx"
+elif [ "${CI:-}" = true ]; then
+  echo "test.sh: nginx could not be installed (see above); CI needs it" >&2
+  exit 1
+else
+  echo "test.sh: no nginx (see above): tests/api/test_router.py will be skipped" >&2
 fi
 mkdir -p .cache
 step "cargo fmt --check"

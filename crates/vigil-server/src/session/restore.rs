@@ -198,17 +198,21 @@ struct ImportRequest {
 /// KV is recomputed in the background; the reply is the session object.
 pub async fn import(
     State(state): State<SharedState>,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = import_inner(&state, body).await;
+    let r = import_inner(&state, &headers, body).await;
     respond(&state, r)
 }
 
 async fn import_inner(
     state: &SharedState,
+    headers: &axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Value, ApiError> {
     let req: ImportRequest = parse_body(body, Flavor::OpenAi)?;
+    let target = req.id.clone().unwrap_or_else(|| req.session.id.clone());
+    let id = super::routes::chosen_id(headers, Some(target))?;
     if req.object.as_deref().is_some_and(|o| o != "session.export") {
         return Err(ApiError::invalid(
             "object",
@@ -235,7 +239,7 @@ async fn import_inner(
         ));
     }
     let mut d = req.session;
-    if let Some(id) = req.id {
+    if let Some(id) = id {
         d.id = id;
     }
     let restored = rebuild(state, &d).await?;

@@ -59,9 +59,40 @@ fn bounded(field: &str, v: Option<i64>, default: usize, max: usize) -> Result<us
     }
 }
 
-pub async fn create(State(state): State<SharedState>, body: Body) -> Response {
-    let r = create_inner(&state, body).await;
+pub async fn create(
+    State(state): State<SharedState>,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Response {
+    let r = create_inner(&state, &headers, body).await;
     respond(&state, r)
+}
+
+/// The id a new session takes: the body's `id`, else the `x-layerscale-session-id` header
+/// (behind a router that routes sessions by that header, the router names a session it
+/// creates: see docs/deploy.md), else one generated here. Both, differing, is a 400: the
+/// session would live where the router does not look for it.
+pub fn chosen_id(
+    headers: &axum::http::HeaderMap,
+    body_id: Option<String>,
+) -> Result<Option<String>, ApiError> {
+    let header = match headers.get(super::turn::SESSION_HEADER) {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| {
+            ApiError::invalid(
+                super::turn::SESSION_HEADER,
+                "the session header is not ASCII",
+            )
+        })?),
+    };
+    match (body_id, header) {
+        (Some(b), Some(h)) if b != h => Err(ApiError::invalid(
+            "id",
+            format!("the session id in the body (`{b}`) differs from the x-layerscale-session-id header (`{h}`); a router routes the session by the header, so send the same id in both (or only the header)"),
+        )),
+        (Some(b), _) => Ok(Some(b)),
+        (None, h) => Ok(h.map(str::to_string)),
+    }
 }
 
 /// What a session's template gives its settings: the opening and the question wrappings,
@@ -115,8 +146,13 @@ impl TemplateTokens {
     }
 }
 
-async fn create_inner(state: &SharedState, body: Body) -> Result<Value, ApiError> {
-    let req: CreateRequest = parse_body(body, Flavor::OpenAi)?;
+async fn create_inner(
+    state: &SharedState,
+    headers: &axum::http::HeaderMap,
+    body: Body,
+) -> Result<Value, ApiError> {
+    let mut req: CreateRequest = parse_body(body, Flavor::OpenAi)?;
+    req.id = chosen_id(headers, req.id.take())?;
     let tokens = TemplateTokens::build(state, req.prompt.as_deref()).await?;
     let opening = &tokens.opening;
     let room = state
