@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import threading
@@ -296,5 +297,40 @@ def test_an_agent_conversation_resumes_after_a_crash(model_dir, tmp_path):
         assert second["agent"]["choices"] == second["control"]["choices"]
         assert second["agent"]["usage"] == second["control"]["usage"]
         assert second["agent"]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    finally:
+        server.stop()
+
+
+def test_idle_kv_written_to_disk_is_read_back_after_a_crash(model_dir, tmp_path):
+    state = tmp_path / "state"
+    server = serve("durable-kv", model_dir, state, "--kv-disk", "256MiB")
+    try:
+        create(server, id="held")
+        add_flash(server, "held", "Which entry came first?")
+        r = httpx.post(session_url(server, "held", "/push"),
+                       json={"data": [f"reading {k}: {k * 7 % 31} units" for k in range(60)], "wait": True},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["resident"], r.text
+        before, data_before = settle_session(server, "held")
+        answers = flash_answers(server, "held", before["data_version"])
+        # Quiet for 2 s: the KV goes to disk.
+        kv_file = state / "kv" / "held.kv"
+        deadline = time.monotonic() + 30
+        while not kv_file.exists():
+            assert time.monotonic() < deadline, "no KV file was written"
+            time.sleep(0.1)
+        crash_and_restart(server)
+        after, data_after = settle_session(server, "held")
+        assert data_after == data_before
+        log = server.log_tail(20000)
+        m = re.search(r"KV of (\d+) tokens read back from disk", log)
+        assert m and int(m.group(1)) >= before["tokens"] - 1, log
+        assert flash_answers(server, "held", after["data_version"]) == answers
+        # A deleted session's KV file goes with it.
+        assert httpx.delete(session_url(server, "held"), timeout=30).status_code == 200
+        deadline = time.monotonic() + 10
+        while kv_file.exists():
+            assert time.monotonic() < deadline, "the KV file outlived its session"
+            time.sleep(0.05)
     finally:
         server.stop()

@@ -3,7 +3,7 @@
 
 use crate::block_table::{OutOfBlocks, SharedBlockPool};
 use crate::model_runner::{ModelRunner, RowUse};
-use crate::pins::{PinKey, PinSave, PinStore, PinUse};
+use crate::pins::{PinKey, PinKv, PinSave, PinStore, PinUse};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::sequence::{FinishReason, Priority, SeqId, SeqStatus, Sequence, StopCriteria};
@@ -148,6 +148,50 @@ impl LlmEngine {
         let mut tokens = pin.tokens[..keep].to_vec();
         tokens.extend_from_slice(&pin.tokens[keep + drop..]);
         self.pins.save(key, tokens, table);
+        true
+    }
+
+    /// A copy of the KV a pin holds: its tokens with KV and their rows (`KvCache::read_rows`).
+    pub fn read_pin(&self, key: PinKey) -> Option<PinKv> {
+        let pin = self.pins.get(key)?;
+        let table = pin.table.as_ref()?;
+        let n = table.num_tokens().min(pin.tokens.len());
+        let slots: Option<Vec<usize>> = (0..n).map(|p| table.slot(p)).collect();
+        let kv = &self.runner.kv;
+        Some(PinKv {
+            tokens: pin.tokens[..n].to_vec(),
+            rows: kv.read_rows(&slots?),
+            dtype: kv.dtype(),
+            num_layers: kv.num_layers(),
+            kv_dim: kv.kv_dim,
+        })
+    }
+
+    /// Make `kv` (read from a pin, perhaps by another process of the same model) the pin
+    /// `key` holds, unless the pin already holds KV; whether it did. `cacheable`: the rows
+    /// are what a prefill of the tokens computes (not position-shifted), so their full blocks
+    /// may serve other requests from the prefix cache.
+    pub fn write_pin(&mut self, key: PinKey, kv: PinKv, cacheable: bool) -> bool {
+        let held = self.pins.get(key).is_some_and(|p| p.num_kv_tokens() > 0);
+        let c = &self.runner.kv;
+        let fits =
+            kv.dtype == c.dtype() && kv.num_layers == c.num_layers() && kv.kv_dim == c.kv_dim;
+        if held || !fits || kv.tokens.is_empty() {
+            return false;
+        }
+        let mut table = self.pool.new_table(0);
+        let Ok(appended) = table.append_slots(kv.tokens.len()) else {
+            return false;
+        };
+        if !self.runner.kv.write_rows(&appended.slots, &kv.rows) {
+            return false;
+        }
+        if cacheable {
+            table.commit_full_blocks(&kv.tokens);
+        } else {
+            table.stop_caching_from(0);
+        }
+        self.pins.save(key, kv.tokens, table);
         true
     }
 

@@ -79,6 +79,18 @@ enum Command {
     DropPin {
         key: PinKey,
     },
+    /// Copy a pin's KV out (`LlmEngine::read_pin`).
+    ReadPin {
+        key: PinKey,
+        reply: tokio::sync::oneshot::Sender<Option<crate::pins::PinKv>>,
+    },
+    /// Load KV into an empty pin (`LlmEngine::write_pin`); replies whether it did.
+    WritePin {
+        key: PinKey,
+        kv: Box<crate::pins::PinKv>,
+        cacheable: bool,
+        reply: tokio::sync::oneshot::Sender<bool>,
+    },
     /// Position-shift a pin (`LlmEngine::shift_pin`); replies whether it did.
     ShiftPin {
         key: PinKey,
@@ -271,6 +283,28 @@ impl EngineHandle {
         rx.await.unwrap_or(false)
     }
 
+    /// A copy of a pin's KV (None: no such pin, or its KV was evicted). Between steps.
+    pub async fn read_pin(&self, key: PinKey) -> Option<crate::pins::PinKv> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::ReadPin { key, reply }).ok()?;
+        rx.await.ok().flatten()
+    }
+
+    /// Load `kv` into pin `key` if it holds no KV yet; whether it did. Between steps.
+    pub async fn write_pin(&self, key: PinKey, kv: crate::pins::PinKv, cacheable: bool) -> bool {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let cmd = Command::WritePin {
+            key,
+            kv: Box::new(kv),
+            cacheable,
+            reply,
+        };
+        if self.commands.send(cmd).is_err() {
+            return false;
+        }
+        rx.await.unwrap_or(false)
+    }
+
     /// Resident KV tokens of a pin, as of the last step (0 when unknown or evicted).
     pub fn pin_kv_tokens(&self, key: PinKey) -> usize {
         let map = self.pin_kv.lock().unwrap_or_else(|e| e.into_inner());
@@ -384,6 +418,17 @@ impl EngineLoop {
             Command::Abort { request_id } => self.abort(request_id),
             Command::DropPin { key } => {
                 self.engine.pins.remove(key);
+            }
+            Command::ReadPin { key, reply } => {
+                let _ = reply.send(self.engine.read_pin(key));
+            }
+            Command::WritePin {
+                key,
+                kv,
+                cacheable,
+                reply,
+            } => {
+                let _ = reply.send(self.engine.write_pin(key, *kv, cacheable));
             }
             Command::ShiftPin {
                 key,

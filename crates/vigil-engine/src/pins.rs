@@ -38,6 +38,39 @@ pub struct PinUse {
     pub save_on_abort: bool,
 }
 
+/// A pin's KV copied out of the cache: its tokens and their rows (`KvCache::read_rows`), to
+/// be written to disk and read back into an engine of the same model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PinKv {
+    pub tokens: Vec<u32>,
+    pub rows: Vec<u8>,
+    pub dtype: vigil_model::kv_cache::KvDtype,
+    pub num_layers: usize,
+    pub kv_dim: usize,
+}
+
+impl PinKv {
+    /// Bytes of one token's rows (every layer, K and V).
+    pub fn row_bytes(&self) -> usize {
+        self.num_layers * 2 * self.kv_dim * self.dtype.size()
+    }
+
+    /// Keep the first `n` tokens and their rows.
+    pub fn truncate(&mut self, n: usize) {
+        let total = self.tokens.len();
+        if n >= total {
+            return;
+        }
+        let row = self.kv_dim * self.dtype.size();
+        let mut rows = Vec::with_capacity(self.num_layers * 2 * n * row);
+        for part in self.rows.chunks_exact(total * row) {
+            rows.extend_from_slice(&part[..n * row]);
+        }
+        self.rows = rows;
+        self.tokens.truncate(n);
+    }
+}
+
 pub struct KvPin {
     pub tokens: Vec<u32>,
     /// `None` once dropped under memory pressure.

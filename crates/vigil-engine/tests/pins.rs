@@ -306,3 +306,80 @@ fn pin_churn(seed: u64) {
     e.check_invariants().unwrap();
     assert_eq!(e.pool.borrow().num_used_blocks(), 0, "blocks leaked");
 }
+
+/// A pin's KV copied out of one engine and loaded into a fresh one (as a restart reads it back
+/// from disk) serves a fork exactly as the original does: only the new tokens are computed,
+/// the output is identical, and the blocks it takes are accounted for.
+#[test]
+fn a_pin_read_out_and_written_into_another_engine_serves_forks_identically() {
+    let mut a = engine(128);
+    let data = tokens(3, 41);
+    let id = a.add_sequence(
+        data.clone(),
+        greedy(),
+        stop(1),
+        Priority::Ingest,
+        pin(5, Some(PinSave::Prompt)),
+    );
+    run(&mut a, id);
+    let kv = a.read_pin(5).expect("the pin holds KV");
+    assert_eq!(kv.tokens, data);
+    assert!(a.read_pin(6).is_none());
+
+    let mut b = engine(128);
+    assert!(b.write_pin(9, kv.clone(), true));
+    b.check_invariants().unwrap();
+    assert_eq!(b.pins.get(9).map(|p| p.num_kv_tokens()), Some(data.len()));
+    assert!(
+        !b.write_pin(9, kv.clone(), true),
+        "a pin that holds KV is not overwritten"
+    );
+    assert_eq!(
+        b.read_pin(9).as_ref(),
+        Some(&kv),
+        "the rows read back are the rows written"
+    );
+
+    let mut prompt = data.clone();
+    prompt.extend(tokens(4, 7));
+    let ask = |e: &mut LlmEngine, key| {
+        let id = e.add_sequence(
+            prompt.clone(),
+            greedy(),
+            stop(10),
+            Priority::Foreground,
+            pin(key, None),
+        );
+        run(e, id)
+    };
+    let (out_a, cached_a) = ask(&mut a, 5);
+    let (out_b, cached_b) = ask(&mut b, 9);
+    assert_eq!(out_a, out_b);
+    assert_eq!((cached_a, cached_b), (data.len(), data.len()));
+    // A mismatched shape is refused.
+    let mut bad = kv.clone();
+    bad.rows.pop();
+    assert!(!engine(128).write_pin(1, bad, true));
+    b.pins.remove(9);
+    b.check_invariants().unwrap();
+}
+
+/// Truncated KV is the KV of the shorter prompt.
+#[test]
+fn a_pin_kv_truncated_equals_the_pin_of_the_shorter_prompt() {
+    let mut e = engine(128);
+    let data = tokens(5, 30);
+    for (key, n) in [(1, 30), (2, 19)] {
+        let id = e.add_sequence(
+            data[..n].to_vec(),
+            greedy(),
+            stop(1),
+            Priority::Ingest,
+            pin(key, Some(PinSave::Prompt)),
+        );
+        run(&mut e, id);
+    }
+    let mut long = e.read_pin(1).unwrap();
+    long.truncate(19);
+    assert_eq!(Some(long), e.read_pin(2));
+}

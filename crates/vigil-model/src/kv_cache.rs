@@ -67,6 +67,71 @@ impl KvCache {
         num_layers * 2 * kv_dim * dtype.size()
     }
 
+    pub fn dtype(&self) -> KvDtype {
+        match self.layers {
+            KvLayers::F16(_) => KvDtype::F16,
+            KvLayers::F32(_) => KvDtype::F32,
+        }
+    }
+
+    pub fn num_layers(&self) -> usize {
+        match &self.layers {
+            KvLayers::F16(l) => l.len(),
+            KvLayers::F32(l) => l.len(),
+        }
+    }
+
+    /// The rows at `slots`, in order, from every layer, as the cache's bytes: layer by layer,
+    /// the keys then the values (what `write_rows` takes back).
+    pub fn read_rows(&self, slots: &[usize]) -> Vec<u8> {
+        fn each<E: bytemuck::Pod>(layers: &[[Vec<E>; 2]], slots: &[usize], d: usize) -> Vec<u8> {
+            let mut out = Vec::with_capacity(layers.len() * 2 * slots.len() * d * size_of::<E>());
+            for kv in layers {
+                for t in kv {
+                    for &s in slots {
+                        out.extend_from_slice(bytemuck::cast_slice(&t[s * d..(s + 1) * d]));
+                    }
+                }
+            }
+            out
+        }
+        match &self.layers {
+            KvLayers::F16(l) => each(l, slots, self.kv_dim),
+            KvLayers::F32(l) => each(l, slots, self.kv_dim),
+        }
+    }
+
+    /// Write rows laid out as `read_rows` gives them into `slots`; false (nothing written)
+    /// when `bytes` is not exactly that many rows of this cache.
+    pub fn write_rows(&mut self, slots: &[usize], bytes: &[u8]) -> bool {
+        fn each<E: bytemuck::Pod>(
+            layers: &mut [[Vec<E>; 2]],
+            slots: &[usize],
+            d: usize,
+            bytes: &[u8],
+        ) -> bool {
+            let row = d * size_of::<E>();
+            if bytes.len() != layers.len() * 2 * slots.len() * row {
+                return false;
+            }
+            let mut rows = bytes.chunks_exact(row);
+            for kv in layers.iter_mut() {
+                for t in kv.iter_mut() {
+                    for (&s, r) in slots.iter().zip(rows.by_ref()) {
+                        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut t[s * d..(s + 1) * d]);
+                        dst.copy_from_slice(r);
+                    }
+                }
+            }
+            true
+        }
+        let d = self.kv_dim;
+        match &mut self.layers {
+            KvLayers::F16(l) => each(l, slots, d, bytes),
+            KvLayers::F32(l) => each(l, slots, d, bytes),
+        }
+    }
+
     /// Copy the first `num_tokens` rows of block `src` into block `dst` in every layer
     /// (copy-on-write of a shared partial block).
     pub fn copy_block(&mut self, src: u32, dst: u32, num_tokens: usize) {

@@ -101,8 +101,16 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
             path: opts.model_path.display().to_string(),
             message: e.to_string(),
         })?;
-    let (journal, restored) = open_journal(&config, &sizing, &loaded)?;
-    let state = build_state(config.clone(), &opts, &sizing, started, loaded, journal)?;
+    let (journal, kv_disk, restored) = open_journal(&config, &sizing, &loaded)?;
+    let state = build_state(
+        config.clone(),
+        &opts,
+        &sizing,
+        started,
+        loaded,
+        journal,
+        kv_disk,
+    )?;
     if !restored.is_empty() {
         let t = Instant::now();
         let n = restored.len();
@@ -221,23 +229,23 @@ fn plan(opts: &EngineOptions) -> Result<Sizing, ServeError> {
     })
 }
 
-/// Open the state directory (restoring what it holds) or, with `--no-persist`, a journal in
-/// memory; the sessions to start again.
+type Journaled = (
+    crate::session::journal::Journal,
+    Option<Arc<crate::session::journal::kv_disk::KvDisk>>,
+    Vec<crate::session::journal::model::DurableSession>,
+);
+
+/// Open the state directory (restoring what it holds, and the KV files under it with
+/// `--kv-disk`) or, with `--no-persist`, a journal in memory; the sessions to start again.
 fn open_journal(
     config: &ServerConfig,
     sizing: &Sizing,
     loaded: &LoadedModel,
-) -> Result<
-    (
-        crate::session::journal::Journal,
-        Vec<crate::session::journal::model::DurableSession>,
-    ),
-    ServeError,
-> {
-    use crate::session::journal::{store, Journal, SEGMENT_LIMIT};
+) -> Result<Journaled, ServeError> {
+    use crate::session::journal::{kv_disk::KvDisk, store, Journal, SEGMENT_LIMIT};
     let Some(dir) = &config.state_dir else {
         tracing::info!("sessions are kept in memory only (--no-persist)");
-        return Ok((Journal::in_memory(), Vec::new()));
+        return Ok((Journal::in_memory(), None, Vec::new()));
     };
     let fingerprint = store::Fingerprint {
         model: sizing.model_id.clone(),
@@ -255,7 +263,19 @@ fn open_journal(
         sessions.len(),
         t.elapsed().as_millis()
     );
-    Ok((Journal::start(Some(opened.store), opened.model)?, sessions))
+    let kv_disk = if config.kv_disk_bytes > 0 {
+        let kv = KvDisk::open(&dir.join("kv"), config.kv_disk_bytes, fingerprint)?;
+        tracing::info!(
+            "idle sessions' KV is written to {} (up to {} MiB)",
+            dir.join("kv").display(),
+            config.kv_disk_bytes >> 20
+        );
+        Some(Arc::new(kv))
+    } else {
+        None
+    };
+    let journal = Journal::start(Some(opened.store), opened.model)?;
+    Ok((journal, kv_disk, sessions))
 }
 
 fn build_state(
@@ -265,6 +285,7 @@ fn build_state(
     started: Instant,
     loaded: LoadedModel,
     journal: crate::session::journal::Journal,
+    kv_disk: Option<Arc<crate::session::journal::kv_disk::KvDisk>>,
 ) -> Result<Arc<AppState>, ServeError> {
     let LoadedModel {
         model,
@@ -305,6 +326,7 @@ fn build_state(
         config.max_sessions,
         config.max_pending_bytes_total,
         journal,
+        kv_disk,
     );
     let cpu_jobs = crate::cpu_jobs::CpuJobs::new(&tokenizer);
     Ok(Arc::new(AppState {

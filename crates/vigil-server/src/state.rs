@@ -30,6 +30,9 @@ pub struct ServerConfig {
     pub allowed_origins: crate::edge::AllowedOrigins,
     /// Where sessions are journaled (`--state-dir`); `None`: in memory only (`--no-persist`).
     pub state_dir: Option<std::path::PathBuf>,
+    /// Bytes of disk idle sessions' KV may take under the state directory (`--kv-disk`;
+    /// 0: off).
+    pub kv_disk_bytes: u64,
 }
 
 pub struct AppState {

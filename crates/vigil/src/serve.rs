@@ -74,8 +74,13 @@ pub struct ServeArgs {
     state_dir: Option<PathBuf>,
     /// Keep sessions in memory only: a restart loses them (and acknowledgements wait for no
     /// disk).
-    #[arg(long, conflicts_with = "state_dir")]
+    #[arg(long, conflicts_with_all = ["state_dir", "kv_disk"])]
     no_persist: bool,
+    /// Disk for idle sessions' KV under the state directory, e.g. `8GiB` (0: off). A session
+    /// whose KV has not changed for 2 s is written there, and a restart reads it back
+    /// instead of recomputing it; past the budget the least recently written files go.
+    #[arg(long, default_value = "0")]
+    kv_disk: String,
     /// Turn the prefix cache off (to measure without it).
     #[arg(long)]
     no_prefix_cache: bool,
@@ -147,6 +152,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("--max-pending-bytes-total {}", args.max_pending_bytes_total))?
             .max(1),
         allowed_origins: vigil_server::edge::AllowedOrigins::parse(&args.allowed_origins),
+        kv_disk_bytes: parse_size(&args.kv_disk)
+            .with_context(|| format!("--kv-disk {}", args.kv_disk))? as u64,
         state_dir: (!args.no_persist).then(|| {
             args.state_dir
                 .unwrap_or_else(|| crate::pull::vigil_home().join("state"))

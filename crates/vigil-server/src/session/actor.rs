@@ -104,6 +104,8 @@ pub enum JobResult {
     Batch(Batch, Result<Option<super::engine_work::JobDone>, ApiError>),
     FlashRound(RoundResult),
     Warm(WarmResult),
+    Offloaded(super::offload::Offloaded),
+    Restored(super::offload::Restored),
 }
 
 /// Who is rewriting the durable context.
@@ -114,6 +116,8 @@ pub enum Writer {
     Warm(watch::Sender<bool>),
     /// A client turn, by ticket id.
     Turn(u64),
+    /// A restored session's KV is being read back from disk (`offload.rs`).
+    Restore,
 }
 
 /// Longest the next batch waits for the flash queries to answer the newest version.
@@ -189,6 +193,11 @@ pub struct SessionActor {
     pub rebuild_reply: Option<oneshot::Receiver<Result<Value, ApiError>>>,
     /// Event ids the journal has reserved for this session (`Op::Events`).
     events_reserved: u64,
+    /// Since when the KV changed without being offloaded (`offload.rs`).
+    pub kv_dirty: Option<Instant>,
+    pub offloading: bool,
+    /// Which tokens the KV file on disk holds (a hash), to skip rewriting it unchanged.
+    pub offloaded_hash: Option<u64>,
 }
 
 impl SessionActor {
@@ -231,6 +240,9 @@ impl SessionActor {
             rebuilding: false,
             rebuild_reply: None,
             events_reserved: 0,
+            kv_dirty: None,
+            offloading: false,
+            offloaded_hash: None,
         }
     }
 
@@ -239,6 +251,7 @@ impl SessionActor {
     /// closed turn is warmed again.
     pub fn rebuild(&mut self) {
         self.rebuilding = true;
+        self.start_restore();
         // An ingest batch would open a user turn after a closed one: a closed turn is warmed.
         self.st.opening_due = self.st.layout == Layout::Data;
         match self.st.layout {
@@ -274,6 +287,7 @@ impl SessionActor {
             self.publish_progress();
             if self.deleting.is_none() {
                 self.reserve_events();
+                self.maybe_offload();
             }
             if self.deletion_done() {
                 self.finish_delete();
@@ -398,6 +412,8 @@ impl SessionActor {
             JobResult::Batch(batch, result) => self.batch_landed(batch, result),
             JobResult::FlashRound(r) => self.round_done(r),
             JobResult::Warm(w) => self.warm_done(w),
+            JobResult::Offloaded(r) => self.offload_done(r),
+            JobResult::Restored(r) => self.restore_done(r),
         }
     }
 
@@ -468,10 +484,10 @@ impl SessionActor {
             oldest.map_or(until, |q| until.min(q + FLASH_QUEUE_WAIT))
         });
         let deadline = self.deleting.as_ref().map(|d| d.deadline);
-        match (hold, deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [hold, deadline, self.offload_at()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Publish `event` (`deleted` or `shutdown`) as the streams' last, end every stream and
@@ -516,8 +532,11 @@ impl SessionActor {
         let Some(d) = &self.deleting else {
             return false;
         };
-        let writing = matches!(self.writer, Writer::Ingest | Writer::Warm(_));
-        !(writing || self.flash_running) || Instant::now() >= d.deadline
+        let writing = matches!(
+            self.writer,
+            Writer::Ingest | Writer::Warm(_) | Writer::Restore
+        );
+        !(writing || self.flash_running || self.offloading) || Instant::now() >= d.deadline
     }
 
     fn finish_delete(&mut self) {
@@ -525,6 +544,10 @@ impl SessionActor {
         if let Some(d) = self.deleting.take() {
             if d.forget {
                 self.deps.journal.log(&self.head.id, Op::Delete);
+                if let Some(disk) = self.deps.kv_disk.clone() {
+                    let id = self.head.id.clone();
+                    tokio::task::spawn_blocking(move || disk.remove(&id));
+                }
             }
             if let Some(r) = d.reply {
                 let _ = r.send(Ok(()));

@@ -69,6 +69,8 @@ pub struct SessionDeps {
     pub budget: Arc<QueueBudget>,
     /// Where the session's changes are logged (`journal/`).
     pub journal: super::journal::Journal,
+    /// Where its KV is offloaded when idle (`--kv-disk`).
+    pub kv_disk: Option<Arc<super::journal::kv_disk::KvDisk>>,
 }
 
 /// One request of session work.

@@ -345,9 +345,11 @@ impl SessionActor {
         }
         // The opening alone is not data: no new version, nothing for flash queries.
         if n == 0 {
+            self.kv_changed();
             return;
         }
         self.deps.journal.log(&self.head.id, landed);
+        self.kv_changed();
         let st = &mut self.st;
         st.data_version += 1;
         st.total_ingested += n;

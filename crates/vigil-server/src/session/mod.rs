@@ -12,6 +12,7 @@ pub mod handle;
 pub mod ingest;
 pub mod journal;
 pub mod layout;
+pub mod offload;
 pub mod restore;
 pub mod routes;
 pub mod state;
@@ -43,6 +44,8 @@ pub struct SessionRegistry {
     pub budget: Arc<QueueBudget>,
     /// Where every session's changes are logged (`--state-dir`; in memory with `--no-persist`).
     pub journal: journal::Journal,
+    /// Where idle sessions' KV is written (`--kv-disk`), if anywhere.
+    pub kv_disk: Option<Arc<journal::kv_disk::KvDisk>>,
 }
 
 /// Bookkeeping a queued entry costs beyond its text (its token vector and queue slot).
@@ -74,9 +77,11 @@ impl SessionRegistry {
         max_sessions: usize,
         max_queued_bytes: usize,
         journal: journal::Journal,
+        kv_disk: Option<Arc<journal::kv_disk::KvDisk>>,
     ) -> Self {
         SessionRegistry {
             journal,
+            kv_disk,
             sessions: Mutex::new(HashMap::new()),
             next_pin: AtomicU64::new(1),
             ttl,
@@ -175,6 +180,7 @@ impl SessionRegistry {
             metrics: state.metrics.clone(),
             budget: self.budget.clone(),
             journal: self.journal.clone(),
+            kv_disk: self.kv_disk.clone(),
         }
     }
 

@@ -44,6 +44,7 @@ pub fn tiny_deps_with(num_blocks: usize, config: SchedulerConfig) -> SessionDeps
         metrics: Arc::default(),
         budget: Arc::new(QueueBudget::new(1 << 20)),
         journal: super::journal::Journal::in_memory(),
+        kv_disk: None,
     }
 }
 

@@ -192,6 +192,7 @@ impl SessionActor {
         self.st.touch();
         if let Some(h) = history {
             self.settle(h, true);
+            self.kv_changed();
         }
     }
 
@@ -328,6 +329,7 @@ impl SessionActor {
         self.deps.journal.log(&self.head.id, op);
         let v = warm_json(st, &self.head, reason, w.request.prompt.len(), cached);
         let _ = w.request.reply.send(Ok(v));
+        self.kv_changed();
     }
 }
 

@@ -9,6 +9,7 @@
 //! With `--no-persist` the thread keeps the model and writes nothing (exports still work).
 
 pub mod frame;
+pub mod kv_disk;
 pub mod model;
 pub mod store;
 #[cfg(test)]
