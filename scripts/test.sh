@@ -18,24 +18,21 @@ eval "$assets"
 step "setting up the Python clients"
 python_env=$(scripts/setup_python.sh)
 eval "$python_env"
-step "setting up Chromium (for the benchmark report test)"
-if chromium=$(scripts/setup_chromium.sh); then
-  eval "$chromium"
-elif [ "${CI:-}" = true ]; then
-  echo "test.sh: Chromium could not be installed (see above); CI needs it" >&2
-  exit 1
-else
-  echo "test.sh: no Chromium (see above): tests/api/test_bench_report.py will be skipped" >&2
-fi
-step "setting up nginx (for the replicas-behind-a-router test)"
-if nginx=$(scripts/setup_nginx.sh); then
-  eval "$nginx"
-elif [ "${CI:-}" = true ]; then
-  echo "test.sh: nginx could not be installed (see above); CI needs it" >&2
-  exit 1
-else
-  echo "test.sh: no nginx (see above): tests/api/test_router.py will be skipped" >&2
-fi
+# A system tool some tests need, from its setup script; under CI a missing one fails the run.
+optional_tool() {
+  local name=$1 script=$2 skipped=$3 out
+  step "setting up $name (for $skipped)"
+  if out=$("scripts/$script"); then
+    eval "$out"
+  elif [ "${CI:-}" = true ]; then
+    echo "test.sh: $name could not be installed (see above); CI needs it" >&2
+    exit 1
+  else
+    echo "test.sh: no $name (see above): $skipped will be skipped" >&2
+  fi
+}
+optional_tool Chromium setup_chromium.sh tests/api/test_bench_report.py
+optional_tool nginx setup_nginx.sh tests/api/test_router.py
 mkdir -p .cache
 step "cargo fmt --check"
 cargo fmt --all -- --check

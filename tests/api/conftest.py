@@ -210,27 +210,30 @@ def smol(gguf) -> Iterator[VigilServer]:
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen3_long_dir(tmp_path_factory) -> Path:
-    """The tiny Qwen3 checkpoint with max_position_embeddings raised from 128 to 1024.
-
-    The Qwen3 tool preamble alone renders to ~320 tokens, more than the fixture's 128-token
-    context; the weights are random and RoPE is computed, so a longer context is as valid."""
+def tiny_qwen3_with_context(dst: Path, context: int) -> Path:
+    """The tiny Qwen3 checkpoint in `dst` (weights linked) with a `context`-token context: the
+    weights are random and RoPE is computed, so a longer context is as valid."""
     src = TINY / "qwen3"
-    dst = tmp_path_factory.mktemp("tiny-qwen3-long")
     for f in src.iterdir():
         if f.name == "model.safetensors":
             os.symlink(f, dst / f.name)
         else:
             shutil.copy(f, dst / f.name)
     cfg = json.loads((src / "config.json").read_text())
-    cfg["max_position_embeddings"] = 1024
+    cfg["max_position_embeddings"] = context
     (dst / "config.json").write_text(json.dumps(cfg, indent=1))
     tok_cfg_path = dst / "tokenizer_config.json"
     tok_cfg = json.loads(tok_cfg_path.read_text())
-    tok_cfg["model_max_length"] = 1024
+    tok_cfg["model_max_length"] = context
     tok_cfg_path.write_text(json.dumps(tok_cfg, indent=1))
     return dst
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_long_dir(tmp_path_factory) -> Path:
+    """The tiny Qwen3 checkpoint with max_position_embeddings raised from 128 to 1024: the
+    Qwen3 tool preamble alone renders to ~320 tokens, more than the fixture's 128."""
+    return tiny_qwen3_with_context(tmp_path_factory.mktemp("tiny-qwen3-long"), 1024)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import threading
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import TINY, VigilServer, settle_session, session_data, session_get, session_url, sse_frames, start_server
+from conftest import TINY, VigilServer, settle_session, tiny_qwen3_with_context, session_data, session_get, session_url, sse_frames, start_server
 
 SEED = int(os.environ.get("VIGIL_TEST_SEED", "20261202"))
 
@@ -29,20 +28,7 @@ SEED = int(os.environ.get("VIGIL_TEST_SEED", "20261202"))
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """The tiny Qwen3 checkpoint with an 8,192-token context."""
-    src = TINY / "qwen3"
-    dst = tmp_path_factory.mktemp("tiny-qwen3-8k")
-    for f in src.iterdir():
-        if f.name == "model.safetensors":
-            os.symlink(f, dst / f.name)
-        else:
-            shutil.copy(f, dst / f.name)
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["max_position_embeddings"] = 8192
-    (dst / "config.json").write_text(json.dumps(cfg))
-    tok = json.loads((dst / "tokenizer_config.json").read_text())
-    tok["model_max_length"] = 8192
-    (dst / "tokenizer_config.json").write_text(json.dumps(tok))
-    return dst
+    return tiny_qwen3_with_context(tmp_path_factory.mktemp("tiny-qwen3-8k"), 8192)
 
 
 def serve(name: str, model: Path, state: Path, *args: str):

@@ -123,7 +123,7 @@ async fn generate_inner(
         let (st, s, kw) = (state.clone(), session.clone(), kwargs.clone());
         Some(
             crate::cpu_jobs::run(state, move || {
-                let opening = s.settings.prompt.as_deref();
+                let opening = s.settings.params.prompt.as_deref();
                 let shortcuts = layout::default_generation_prompt(&st, opening, &kw);
                 let data = layout::question(&st, super::state::Layout::Data, opening, &kw)?;
                 let chat = layout::question(&st, super::state::Layout::Chat, opening, &kw)?;
@@ -152,7 +152,11 @@ async fn generate_inner(
             "`flash_id` cannot be combined with `use_flash: false`",
         ));
     }
-    if let (true, true, Some(cands)) = (shortcuts, session.settings.pre_decode, &req.fast_answer) {
+    if let (true, true, Some(cands)) = (
+        shortcuts,
+        session.settings.params.pre_decode,
+        &req.fast_answer,
+    ) {
         let threshold = req.gap_threshold.unwrap_or(2.0);
         if let Some(hit) = speculative(state, &session, cands, threshold).await? {
             return Ok(shortcut_response(state, &session, &gen_id, hit, stream));

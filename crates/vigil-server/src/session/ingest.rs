@@ -92,7 +92,7 @@ impl SessionActor {
         let n = entries.len();
         let bytes: usize = entries.iter().map(|e| e.text.len()).sum();
         let new_tokens: usize = entries.iter().map(|e| e.tokens.len()).sum();
-        let (s, st, max_len) = (&self.settings, &mut self.st, self.deps.max_model_len);
+        let (s, st, max_len) = (&self.settings.params, &mut self.st, self.deps.max_model_len);
         st.touch();
         if s.window.is_none() {
             let limit = max_len.saturating_sub(QUESTION_ROOM.min(max_len / 4));
@@ -189,7 +189,7 @@ impl SessionActor {
     pub(super) fn start_batch(&mut self) {
         let batch = self.take_batch();
         let mut prompt = batch.durable();
-        if self.settings.pre_decode {
+        if self.settings.params.pre_decode {
             // Compute the ready position too: the generation prompt after the data.
             prompt.extend_from_slice(&self.settings.ready_suffix);
         }
@@ -261,13 +261,13 @@ impl SessionActor {
         for e in &entries {
             retained.push_back(e.clone());
             data += e.tokens.len();
-            let Some(window) = self.settings.window else {
+            let Some(window) = self.settings.params.window else {
                 continue;
             };
             if data <= window {
                 continue;
             }
-            let target = self.settings.evict_to.unwrap_or(window);
+            let target = self.settings.params.evict_to.unwrap_or(window);
             while data > target {
                 let Some(old) = retained.pop_front() else {
                     break;
@@ -280,7 +280,7 @@ impl SessionActor {
                 evicted_tokens += old.tokens.len();
             }
         }
-        let shift = (self.settings.window_mode == WindowMode::Shift
+        let shift = (self.settings.params.window_mode == WindowMode::Shift
             && st.layout == Layout::Data
             && evicted_held > 0)
             .then_some((base.len(), evicted_held));
@@ -340,7 +340,7 @@ impl SessionActor {
         st.data_tokens = batch.retained.iter().map(|e| e.tokens.len()).sum();
         st.entries = batch.retained;
         st.layout = Layout::Data;
-        if self.settings.pre_decode {
+        if self.settings.params.pre_decode {
             st.ready = ready;
         }
         // The opening alone is not data: no new version, nothing for flash queries.

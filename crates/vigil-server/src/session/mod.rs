@@ -150,7 +150,7 @@ impl SessionRegistry {
             &id,
             journal::model::Op::Create {
                 created_ms: head.created_ms as u64,
-                params: settings.params(),
+                params: settings.params.clone(),
             },
         );
         let s = Arc::new(Session::spawn(head, settings, self.deps(state)));

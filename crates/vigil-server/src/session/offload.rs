@@ -99,7 +99,7 @@ impl SessionActor {
             Layout::Chat => self.st.base.clone(),
         };
         // Shifted windows hold KV no prefill computes: it must not serve other requests.
-        let cacheable = self.settings.window_mode != WindowMode::Shift;
+        let cacheable = self.settings.params.window_mode != WindowMode::Shift;
         let (engine, pin, jobs, id) = (
             self.deps.engine.clone(),
             self.head.pin,

@@ -124,10 +124,10 @@ fn check_import(state: &SharedState, r: &Restored) -> Result<(), ApiError> {
             "`base` holds a token id outside the vocabulary ({vocab})"
         )));
     }
-    let s = &r.settings;
+    let s = &r.settings.params;
     let room = state
         .max_model_len
-        .saturating_sub(s.opening.len() + QUESTION_ROOM.min(state.max_model_len / 4));
+        .saturating_sub(r.settings.opening.len() + QUESTION_ROOM.min(state.max_model_len / 4));
     if s.window.is_some_and(|w| w == 0 || w > room) || s.evict_to > s.window {
         return Err(bad(format!("`window` must be between 1 and {room} tokens on this server, and `evict_to` at most the window")));
     }

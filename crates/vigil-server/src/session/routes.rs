@@ -3,9 +3,8 @@
 
 use super::flash::{FlashSpec, Wrapped, DEFAULT_FLASH_MAX_TOKENS};
 use super::ingest;
-use super::journal::model::SessionParams;
 use super::layout;
-use super::state::{Overflow, SessionSettings, WindowMode};
+use super::state::{Overflow, SessionParams, SessionSettings, WindowMode};
 use super::Session;
 use crate::error::{ApiError, Flavor};
 use crate::extract::parse_body;
@@ -130,14 +129,7 @@ impl TemplateTokens {
     /// The settings of a session created with `p`.
     pub fn settings(self, p: SessionParams) -> SessionSettings {
         SessionSettings {
-            window: p.window,
-            evict_to: p.evict_to,
-            window_mode: p.window_mode,
-            pre_decode: p.pre_decode,
-            prompt: p.prompt,
-            overflow: p.overflow,
-            max_pending: p.max_pending,
-            max_pending_bytes: p.max_pending_bytes,
+            params: p,
             wraps: self.wraps,
             opening: self.opening,
             chat_data_prefix: self.chat_data_prefix,

@@ -31,8 +31,9 @@ pub enum WindowMode {
     Shift,
 }
 
-#[derive(Debug, Clone)]
-pub struct SessionSettings {
+/// How a session was created (its settings before anything is tokenized).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SessionParams {
     pub window: Option<usize>,
     /// When the data exceeds `window`, evict down to this many tokens (≤ `window`): each
     /// recompute then buys room for `window - evict_to` tokens of new data.
@@ -43,6 +44,12 @@ pub struct SessionSettings {
     pub overflow: Overflow,
     pub max_pending: usize,
     pub max_pending_bytes: usize,
+}
+
+/// A session's settings: as created, and the template's tokens around its data.
+#[derive(Debug, Clone)]
+pub struct SessionSettings {
+    pub params: SessionParams,
     /// How a question is wrapped at each layout (default template settings).
     pub wraps: super::layout::Wraps,
     /// Tokens of the opening (the template head with the pinned `prompt`).
@@ -51,22 +58,6 @@ pub struct SessionSettings {
     pub chat_data_prefix: Vec<u32>,
     /// Tokens of the generation prompt after the data (the `pre_decode` ready position).
     pub ready_suffix: Vec<u32>,
-}
-
-impl SessionSettings {
-    /// The settings as created, before anything was tokenized (what the journal keeps).
-    pub fn params(&self) -> super::journal::model::SessionParams {
-        super::journal::model::SessionParams {
-            window: self.window,
-            evict_to: self.evict_to,
-            window_mode: self.window_mode,
-            pre_decode: self.pre_decode,
-            prompt: self.prompt.clone(),
-            overflow: self.overflow,
-            max_pending: self.max_pending,
-            max_pending_bytes: self.max_pending_bytes,
-        }
-    }
 }
 
 /// Where the durable context ends, which decides how a question is appended. A new session
@@ -194,6 +185,7 @@ impl SessionState {
         kv: usize,
         last_used: u64,
     ) -> Value {
+        let s = &s.params;
         let data_end = self.data_end();
         let mut v = json!({
             "id": head.id,

@@ -2,7 +2,7 @@
 //! layout (no template), so tests drive the session logic without HTTP.
 
 use super::engine_work::{QueueBudget, SessionDeps};
-use super::state::{Identity, Overflow, SessionSettings};
+use super::state::{Identity, Overflow, SessionParams, SessionSettings};
 use super::Session;
 use std::path::Path;
 use std::sync::Arc;
@@ -51,14 +51,16 @@ pub fn tiny_deps_with(num_blocks: usize, config: SchedulerConfig) -> SessionDeps
 /// Settings with an opening of `opening` and no template around data or questions.
 pub fn plain_settings(opening: Vec<u32>) -> SessionSettings {
     SessionSettings {
-        window: None,
-        evict_to: None,
-        window_mode: Default::default(),
-        pre_decode: false,
-        prompt: None,
-        overflow: Overflow::DropOldest,
-        max_pending: 16,
-        max_pending_bytes: 1 << 20,
+        params: SessionParams {
+            window: None,
+            evict_to: None,
+            window_mode: Default::default(),
+            pre_decode: false,
+            prompt: None,
+            overflow: Overflow::DropOldest,
+            max_pending: 16,
+            max_pending_bytes: 1 << 20,
+        },
         wraps: Default::default(),
         opening,
         chat_data_prefix: Vec::new(),

@@ -147,7 +147,7 @@ async fn assert_all_blocks_free(deps: &SessionDeps) {
 async fn pushes_land_in_order_and_every_entry_is_resident_or_counted_dropped() {
     let deps = tiny_deps(128);
     let mut settings = plain_settings(OPENING.to_vec());
-    settings.max_pending = 4;
+    settings.params.max_pending = 4;
     let s = spawn(deps.clone(), settings);
     // One push of 10 into a queue of 4: the 6 oldest are dropped at once, in the ack.
     let first = texts(10, "a");
@@ -190,8 +190,8 @@ async fn pushes_land_in_order_and_every_entry_is_resident_or_counted_dropped() {
 async fn a_full_queue_with_reject_refuses_the_push_and_drops_nothing() {
     let deps = tiny_deps(128);
     let mut settings = plain_settings(OPENING.to_vec());
-    settings.max_pending = 3;
-    settings.overflow = Overflow::Reject;
+    settings.params.max_pending = 3;
+    settings.params.overflow = Overflow::Reject;
     let s = spawn(deps.clone(), settings);
     let e = s
         .push(entries(&deps, &refs(&texts(4, "r"))))
@@ -214,9 +214,9 @@ async fn a_full_queue_with_reject_refuses_the_push_and_drops_nothing() {
 async fn a_windowed_session_answers_as_a_fresh_session_holding_its_retained_entries() {
     let deps = tiny_deps(256);
     let mut settings = plain_settings(OPENING.to_vec());
-    settings.window = Some(40);
-    settings.evict_to = Some(20);
-    settings.max_pending = 64;
+    settings.params.window = Some(40);
+    settings.params.evict_to = Some(20);
+    settings.params.max_pending = 64;
     let windowed = spawn_as(deps.clone(), settings, 1);
     let q = "what now?";
     windowed.add_flash(question(&deps, q)).await.unwrap();
@@ -413,12 +413,12 @@ async fn cached_tokens(deps: &SessionDeps, prompt: Vec<u32>) -> usize {
 async fn a_shift_window_keeps_the_retained_kv_and_never_serves_it_from_the_prefix_cache() {
     let deps = tiny_deps(256);
     let mut settings = plain_settings(OPENING.to_vec());
-    settings.window = Some(40);
-    settings.evict_to = Some(20);
-    settings.max_pending = 64;
-    settings.window_mode = super::state::WindowMode::Shift;
+    settings.params.window = Some(40);
+    settings.params.evict_to = Some(20);
+    settings.params.max_pending = 64;
+    settings.params.window_mode = super::state::WindowMode::Shift;
     let s = spawn_as(deps.clone(), settings.clone(), 1);
-    settings.window_mode = super::state::WindowMode::Exact;
+    settings.params.window_mode = super::state::WindowMode::Exact;
     // On an engine of its own, so its exact KV never reaches the shift session's cache.
     let exact_deps = tiny_deps(256);
     let exact = spawn_as(exact_deps.clone(), settings, 2);
@@ -472,11 +472,11 @@ async fn the_journal_holds_what_the_actor_holds() {
     use super::journal::model::Op;
     let deps = tiny_deps(256);
     let mut settings = plain_settings(OPENING.to_vec());
-    settings.window = Some(40);
-    settings.evict_to = Some(20);
-    settings.max_pending = 3;
+    settings.params.window = Some(40);
+    settings.params.evict_to = Some(20);
+    settings.params.max_pending = 3;
     let id = "s1";
-    let params = settings.params();
+    let params = settings.params.clone();
     deps.journal.log(
         id,
         Op::Create {

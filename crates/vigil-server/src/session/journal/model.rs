@@ -9,22 +9,9 @@
 //! taken) → retained (the batch landed) exactly as the actor moves it, so an overflow drop
 //! replays onto the same entries it dropped.
 
-use crate::session::state::{Overflow, WindowMode};
+pub use crate::session::state::SessionParams;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
-
-/// How a session was created (its settings before anything is tokenized).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionParams {
-    pub window: Option<usize>,
-    pub evict_to: Option<usize>,
-    pub window_mode: WindowMode,
-    pub pre_decode: bool,
-    pub prompt: Option<String>,
-    pub overflow: Overflow,
-    pub max_pending: usize,
-    pub max_pending_bytes: usize,
-}
 
 /// A registered flash query (its answer is not kept: it is evaluated again on restore).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
