@@ -10,7 +10,7 @@
 
 use super::actor::{JobResult, SessionActor};
 use super::engine_work::{greedy, Job, JobDone, SessionDeps};
-use super::journal::model::Op;
+use super::journal::model::{AnswerRecord, Op};
 use super::journal::Durable;
 use super::state::Layout;
 use crate::error::ApiError;
@@ -408,6 +408,15 @@ impl SessionActor {
             q.error = None;
             q.eval_ms = round.started.elapsed().as_secs_f64() * 1000.0;
             let changed = previous.is_none_or(|(_, v)| v != answer.value);
+            let record = AnswerRecord {
+                value: answer.value.clone(),
+                ids: answer.ids.clone(),
+                stopped: answer.finish == FinishReason::Stop,
+                data_version: answer.data_version,
+                confidence: answer.confidence,
+                evaluated_at: answer.evaluated_at,
+            };
+            (self.deps.journal).log(&self.head.id, Op::FlashAnswer { id, answer: record });
             q.answer = Some(answer);
             if let Some(data) = changed.then(|| q.ready_event()).flatten() {
                 self.events.publish("flash_ready", data);

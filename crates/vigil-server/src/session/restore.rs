@@ -5,7 +5,7 @@
 //! hands it to the registry, whose actor recomputes the KV in the background. Requests meanwhile
 //! are served from the mirror: a generate computes what the KV does not yet hold.
 
-use super::flash::{FlashQuery, MAX_FLASH_QUERIES};
+use super::flash::{FlashAnswer, FlashQuery, MAX_FLASH_QUERIES};
 use super::ingest::{tokenize_entries, QUESTION_ROOM};
 use super::journal::model::{DurableSession, Op};
 use super::routes::{flash_fits, TemplateTokens, MAX_PENDING_LIMIT};
@@ -23,6 +23,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
+use vigil_engine::sequence::FinishReason;
 
 /// The export format's version.
 pub const EXPORT_FORMAT: u32 = 1;
@@ -69,12 +70,24 @@ pub async fn rebuild(state: &SharedState, d: &DurableSession) -> Result<Restored
     st.turns = d.turns;
     for q in &d.flash {
         let (tokens, wrapped) = flash_fits(state, &settings, &q.query).await?;
+        let answer = q.answer.as_ref().map(|a| FlashAnswer {
+            value: a.value.clone(),
+            ids: a.ids.clone(),
+            finish: if a.stopped {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            },
+            data_version: a.data_version,
+            confidence: a.confidence,
+            evaluated_at: a.evaluated_at,
+        });
         st.flash.push(FlashQuery {
             id: q.id,
             query: q.query.clone(),
             max_tokens: q.max_tokens,
             tokens,
-            answer: None,
+            answer,
             evaluations: 0,
             skipped: 0,
             eval_ms: 0.0,

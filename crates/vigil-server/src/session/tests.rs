@@ -500,11 +500,14 @@ async fn the_journal_holds_what_the_actor_holds() {
     }
     let d = describe(&s).await;
     let data = s.data().await.unwrap();
+    let (_, answer, version) = fresh_answer(&s, "and then?").await;
     let j = deps
         .journal
         .export(id)
         .await
         .expect("the journal holds the session");
+    let logged = j.flash[0].answer.as_ref().expect("the answer is journaled");
+    assert_eq!((&logged.value, logged.data_version), (&answer, version));
     let n = |k: &str| d[k].as_u64().unwrap();
     assert_eq!(j.entries, retained(&data));
     assert!(j.pending.is_empty() && j.in_flight.is_empty());

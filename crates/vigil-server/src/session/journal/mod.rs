@@ -20,6 +20,7 @@ use axum::http::StatusCode;
 use model::{DurableSession, Model, Op, Record};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
+use std::time::Duration;
 use store::Store;
 use tokio::sync::oneshot;
 
@@ -187,20 +188,47 @@ impl Journal {
     }
 }
 
-/// The writer thread: take every message waiting, apply and frame its records, write them and
-/// sync once, then acknowledge them all (group commit).
-fn run(rx: mpsc::Receiver<Msg>, mut store: Option<Store>, mut model: Model, stats: &JournalStats) {
-    let mut broken: Option<String> = None;
+/// Longest a record that no acknowledgement waits for (a batch landed, a turn, a flash answer)
+/// stays written but not yet synced.
+pub const LAZY_SYNC: Duration = Duration::from_millis(50);
+
+/// The writer thread: take every message waiting, apply and frame its records, write them, and
+/// sync once if an acknowledgement waits (group commit), else within `LAZY_SYNC`.
+fn run(rx: mpsc::Receiver<Msg>, store: Option<Store>, mut model: Model, stats: &JournalStats) {
+    let mut log = Log {
+        store,
+        broken: None,
+        unsynced: false,
+        stats,
+    };
     let mut buf = Vec::new();
     let mut acks = Vec::new();
-    while let Ok(first) = rx.recv() {
+    loop {
+        let first = if log.unsynced {
+            match rx.recv_timeout(LAZY_SYNC) {
+                Ok(m) => m,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = log.sync();
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let _ = log.sync();
+                    return;
+                }
+            }
+        } else {
+            match rx.recv() {
+                Ok(m) => m,
+                Err(_) => return,
+            }
+        };
         buf.clear();
         let mut next = Some(first);
         let mut records = 0u64;
         while let Some(msg) = next {
             match msg {
                 Msg::Log { rec, done } => {
-                    if store.is_some() {
+                    if log.store.is_some() {
                         match serde_json::to_vec(&rec) {
                             Ok(bytes) => frame::frame(&bytes, &mut buf),
                             Err(e) => tracing::error!("journal: a record did not serialize: {e}"),
@@ -222,35 +250,78 @@ fn run(rx: mpsc::Receiver<Msg>, mut store: Option<Store>, mut model: Model, stat
             };
         }
         stats.records.fetch_add(records, Ordering::Relaxed);
-        let result = match (&mut store, &broken) {
-            (_, Some(why)) => Err(why.clone()),
-            (Some(s), None) if !buf.is_empty() => {
-                let r = s.append(&buf).and_then(|()| s.sync());
-                stats.syncs.fetch_add(1, Ordering::Relaxed);
-                stats.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
-                r.map_err(|e| {
-                    // What was written may be partial: nothing more is appended after it.
-                    let why = format!("writing {}: {e}", s.dir().display());
-                    tracing::error!("journal: {why}; later changes are not acknowledged");
-                    broken = Some(why.clone());
-                    why
-                })
-            }
-            _ => Ok(()),
-        };
+        let result = log.write(&buf, !acks.is_empty());
         if result.is_err() {
             stats.errors.fetch_add(acks.len() as u64, Ordering::Relaxed);
         }
         for done in acks.drain(..) {
             let _ = done.send(result.clone());
         }
-        if let (Some(s), None) = (&mut store, &broken) {
-            if s.should_rotate() {
-                if let Err(e) = s.rotate(&model) {
-                    tracing::error!("journal: closing a log segment: {e}");
-                    broken = Some(e.to_string());
-                }
+        log.maybe_rotate(&model);
+    }
+}
+
+/// The writer thread's side of the store: what is written, what is synced, and whether a
+/// write failed (then nothing more is appended after it: what was written may be partial).
+struct Log<'a> {
+    store: Option<Store>,
+    broken: Option<String>,
+    unsynced: bool,
+    stats: &'a JournalStats,
+}
+
+impl Log<'_> {
+    fn fail(&mut self, e: impl std::fmt::Display) -> String {
+        let dir = (self.store.as_ref()).map_or_else(String::new, |s| s.dir().display().to_string());
+        let why = format!("writing {dir}: {e}");
+        tracing::error!("journal: {why}; later changes are not acknowledged");
+        self.broken = Some(why.clone());
+        why
+    }
+
+    /// Append `framed`; sync now if `durable_now`.
+    fn write(&mut self, framed: &[u8], durable_now: bool) -> Result<(), String> {
+        if let Some(why) = &self.broken {
+            return Err(why.clone());
+        }
+        let Some(s) = self.store.as_mut() else {
+            return Ok(());
+        };
+        if !framed.is_empty() {
+            if let Err(e) = s.append(framed) {
+                return Err(self.fail(e));
             }
+            self.stats
+                .bytes
+                .fetch_add(framed.len() as u64, Ordering::Relaxed);
+            self.unsynced = true;
+        }
+        if durable_now {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), String> {
+        if let Some(why) = &self.broken {
+            return Err(why.clone());
+        }
+        let (Some(s), true) = (self.store.as_mut(), self.unsynced) else {
+            return Ok(());
+        };
+        let r = s.sync();
+        self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        self.unsynced = false;
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// Close the segment with a snapshot once it is past its size (synced first).
+    fn maybe_rotate(&mut self, model: &Model) {
+        if !self.store.as_ref().is_some_and(Store::should_rotate) || self.sync().is_err() {
+            return;
+        }
+        if let Some(Err(e)) = self.store.as_mut().map(|s| s.rotate(model)) {
+            self.fail(format!("closing a log segment: {e}"));
         }
     }
 }

@@ -13,16 +13,32 @@ pub use crate::session::state::SessionParams;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
-/// A registered flash query (its answer is not kept: it is evaluated again on restore).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A registered flash query and its newest answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FlashRecord {
     pub id: u64,
     pub query: String,
     pub max_tokens: usize,
+    /// Restored as the cached answer; a query whose answer is older than the restored data
+    /// is evaluated again once the KV is rebuilt.
+    #[serde(default)]
+    pub answer: Option<AnswerRecord>,
+}
+
+/// A flash answer as logged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AnswerRecord {
+    pub value: String,
+    pub ids: Vec<u32>,
+    /// It ended on a stop token (else at `max_tokens`).
+    pub stopped: bool,
+    pub data_version: u64,
+    pub confidence: f32,
+    pub evaluated_at: u64,
 }
 
 /// One session as the journal holds it: everything needed to recreate it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DurableSession {
     pub id: String,
     pub created_ms: u64,
@@ -128,6 +144,11 @@ pub enum Op {
     },
     DeleteFlash {
         id: u64,
+    },
+    /// A flash query's newest answer (not acknowledged to anyone: written within `LAZY_SYNC`).
+    FlashAnswer {
+        id: u64,
+        answer: AnswerRecord,
     },
     /// Event ids up to here may be used before the next such record.
     Events {
@@ -245,10 +266,16 @@ impl Model {
                     id,
                     query,
                     max_tokens,
+                    answer: None,
                 });
                 s.next_flash_id = s.next_flash_id.max(id + 1);
             }
             Op::DeleteFlash { id } => s.flash.retain(|q| q.id != id),
+            Op::FlashAnswer { id, answer } => {
+                if let Some(q) = s.flash.iter_mut().find(|q| q.id == id) {
+                    q.answer = Some(answer);
+                }
+            }
             Op::Events { reserved } => s.next_event_id = s.next_event_id.max(reserved),
         }
     }

@@ -3,7 +3,7 @@
 //! keeps every session, one server per directory, and another model's state is refused.
 
 use super::frame;
-use super::model::{DurableSession, Model, Op, Record, SessionParams};
+use super::model::{AnswerRecord, DurableSession, Model, Op, Record, SessionParams};
 use super::store::{self, Fingerprint, StoreError};
 use crate::session::state::{Overflow, WindowMode};
 use std::path::PathBuf;
@@ -118,6 +118,34 @@ fn history() -> Vec<Record> {
         r("a", Op::DeleteFlash { id: 1 }),
         r(
             "a",
+            Op::FlashAnswer {
+                id: 2,
+                answer: AnswerRecord {
+                    value: "now".into(),
+                    ids: vec![7, 8],
+                    stopped: true,
+                    data_version: 7,
+                    confidence: 0.5,
+                    evaluated_at: 11,
+                },
+            },
+        ),
+        r(
+            "a",
+            Op::FlashAnswer {
+                id: 1,
+                answer: AnswerRecord {
+                    value: "deleted query".into(),
+                    ids: vec![],
+                    stopped: false,
+                    data_version: 7,
+                    confidence: 0.0,
+                    evaluated_at: 11,
+                },
+            },
+        ),
+        r(
+            "a",
             Op::Warmed {
                 base: vec![1, 2, 3, 4],
                 data_version: 9,
@@ -220,6 +248,8 @@ fn the_fold_moves_entries_as_the_actor_does() {
     assert_eq!(a.turns, 1);
     assert_eq!(a.flash.len(), 1);
     assert_eq!((a.flash[0].id, a.next_flash_id), (2, 3));
+    let answer = a.flash[0].answer.as_ref().expect("the answer is kept");
+    assert_eq!((answer.value.as_str(), answer.data_version), ("now", 7));
     assert_eq!(a.next_event_id, 1025);
 }
 
