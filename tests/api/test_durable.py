@@ -168,7 +168,16 @@ def test_flash_answers_and_event_ids_are_the_same_after_a_crash(model_dir, tmp_p
         for k in ("data_version", "total_pushed", "total_ingested", "evicted", "evicted_tokens",
                   "window_recomputes", "flash_queries", "tokens"):
             assert after[k] == before[k], (k, before, after)
+        # Served at once from the journal, then evaluated again on the rebuilt KV: the same.
         assert flash_answers(server, "watch", after["data_version"]) == answers_before
+        deadline = time.monotonic() + 60
+        while True:
+            qs = httpx.get(session_url(server, "watch", "/flash"), timeout=30).json()["data"]
+            if all(q["evaluations"] >= 1 for q in qs):
+                break
+            assert time.monotonic() < deadline, qs
+            time.sleep(0.05)
+        assert {q["query"]: q["value"] for q in qs} == answers_before
         # A client resuming from its last event id gets the next event, numbered after it.
         with httpx.stream("GET", session_url(server, "watch", "/events"),
                           headers={"Last-Event-ID": str(last_id)}, timeout=30) as r:

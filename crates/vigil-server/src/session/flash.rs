@@ -51,6 +51,9 @@ pub struct FlashQuery {
     pub error: Option<FlashError>,
     /// The question wrapped for each layout, tokenized when it was registered.
     pub wrapped: Wrapped,
+    /// The answer was restored from the journal: it is served, and evaluated once more after
+    /// the session's KV is rebuilt.
+    pub restored: bool,
 }
 
 /// A question's tokens after a context at `Layout::Data` and at `Layout::Chat`.
@@ -117,7 +120,7 @@ impl FlashQuery {
     /// Whether the query needs an evaluation at version `v`: its answer is older and it is not
     /// parked at `v` (a parked query waits for the data to move on).
     pub fn due_at(&self, v: u64) -> bool {
-        self.answer.as_ref().is_none_or(|a| a.data_version < v)
+        (self.restored || self.answer.as_ref().is_none_or(|a| a.data_version < v))
             && self.error.as_ref().is_none_or(|e| e.data_version < v)
     }
 
@@ -254,6 +257,7 @@ impl SessionActor {
             eval_ms: 0.0,
             error: None,
             wrapped: spec.wrapped,
+            restored: false,
         };
         st.next_flash_id += 1;
         let v = q.to_json(st.data_version);
@@ -398,9 +402,10 @@ impl SessionActor {
                 continue;
             };
             let previous = q.answer.as_ref().map(|a| (a.data_version, a.value.clone()));
-            if previous.as_ref().is_some_and(|(v, _)| *v >= version) {
+            if previous.as_ref().is_some_and(|(v, _)| *v >= version) && !q.restored {
                 continue;
             }
+            q.restored = false;
             let skipped = (previous.as_ref()).map_or(0, |(v, _)| version.saturating_sub(v + 1));
             q.skipped += skipped;
             metrics.flash_skipped.fetch_add(skipped, Ordering::Relaxed);

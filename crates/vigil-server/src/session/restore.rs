@@ -87,6 +87,7 @@ pub async fn rebuild(state: &SharedState, d: &DurableSession) -> Result<Restored
             query: q.query.clone(),
             max_tokens: q.max_tokens,
             tokens,
+            restored: answer.is_some(),
             answer,
             evaluations: 0,
             skipped: 0,
