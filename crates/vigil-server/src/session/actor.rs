@@ -462,13 +462,19 @@ impl SessionActor {
         });
     }
 
+    /// Until when the next batch waits for the flash round: the hold, cut short so the oldest
+    /// queued entry waits at most `FLASH_QUEUE_WAIT` from its push.
+    fn hold_until(&self) -> Option<Instant> {
+        let until = self.hold?;
+        let oldest = self.st.pending.front().map(|e| Instant::from_std(e.queued));
+        Some(oldest.map_or(until, |q| until.min(q + FLASH_QUEUE_WAIT)))
+    }
+
     /// Whether the next batch still waits for the flash round at the current version.
     fn held(&mut self) -> bool {
-        let Some(until) = self.hold else {
+        let Some(until) = self.hold_until() else {
             return false;
         };
-        let oldest = self.st.pending.front().map(|e| Instant::from_std(e.queued));
-        let until = oldest.map_or(until, |q| until.min(q + FLASH_QUEUE_WAIT));
         let v = self.st.data_version;
         if Instant::now() >= until || !self.st.flash.iter().any(|q| q.due_at(v)) {
             self.hold = None;
@@ -477,12 +483,10 @@ impl SessionActor {
         true
     }
 
-    /// When the loop must wake without a message: the flash hold or the deletion deadline.
+    /// When the loop must wake without a message: the flash hold, the deletion deadline, or a
+    /// KV offload falling due.
     fn wake_at(&self) -> Option<Instant> {
-        let hold = self.hold.map(|until| {
-            let oldest = self.st.pending.front().map(|e| Instant::from_std(e.queued));
-            oldest.map_or(until, |q| until.min(q + FLASH_QUEUE_WAIT))
-        });
+        let hold = self.hold_until();
         let deadline = self.deleting.as_ref().map(|d| d.deadline);
         [hold, deadline, self.offload_at()]
             .into_iter()
