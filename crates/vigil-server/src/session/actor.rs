@@ -78,8 +78,10 @@ pub enum Command {
         id: u64,
         history: Option<Vec<u32>>,
     },
+    /// `kv`: the pin's KV tokens, read by the caller (as for `Describe`).
     Warm {
         prompt: Vec<u32>,
+        kv: usize,
         reply: Reply<Result<Value, ApiError>>,
     },
     Delete {
@@ -262,6 +264,7 @@ impl SessionActor {
                 self.rebuild_reply = Some(held);
                 self.warm_waiting = Some(WarmRequest {
                     prompt: self.st.base.clone(),
+                    kv: 0,
                     reply,
                 });
             }
@@ -381,7 +384,7 @@ impl SessionActor {
             }
             Command::BeginTurn { id, reply } => self.begin_turn(id, reply),
             Command::EndTurn { id, history } => self.end_turn(id, history),
-            Command::Warm { prompt, reply } => self.queue_warm(prompt, reply),
+            Command::Warm { prompt, kv, reply } => self.queue_warm(prompt, kv, reply),
             Command::Delete { reply } => {
                 if self.st.busy() {
                     let _ = reply.send(Err(super::conflict(format!(

@@ -231,7 +231,8 @@ impl Session {
 
     /// Prefill `prompt` onto the session as background work; the warm's JSON reply.
     pub async fn warm(&self, prompt: Vec<u32>) -> Result<Value, ApiError> {
-        self.call(|reply| Command::Warm { prompt, reply }).await?
+        let kv = self.engine.pin_kv_tokens(self.pin);
+        (self.call(|reply| Command::Warm { prompt, kv, reply }).await)?
     }
 
     /// Delete: refused with 409 while a client request runs on the session. Background work

@@ -137,6 +137,10 @@ async fn warm_inner(
 /// A warm waiting for the writer, or running.
 pub struct WarmRequest {
     pub prompt: Vec<u32>,
+    /// The pin's KV tokens when the warm was asked (read by the caller: the actor never
+    /// waits on the engine's pin map). A stale figure costs a redundant prefill (all cached),
+    /// or reports covered a prefix evicted meanwhile (the next turn recomputes it).
+    pub kv: usize,
     pub reply: oneshot::Sender<Result<Value, ApiError>>,
 }
 
@@ -229,6 +233,7 @@ impl SessionActor {
     pub(super) fn queue_warm(
         &mut self,
         prompt: Vec<u32>,
+        kv: usize,
         reply: oneshot::Sender<Result<Value, ApiError>>,
     ) {
         if self.st.turn_active {
@@ -240,7 +245,7 @@ impl SessionActor {
         }
         // A newer warm takes over from an older one.
         self.cancel_warm();
-        self.warm_waiting = Some(WarmRequest { prompt, reply });
+        self.warm_waiting = Some(WarmRequest { prompt, kv, reply });
     }
 
     pub(super) fn start_warm(&mut self, w: WarmRequest) {
@@ -248,7 +253,7 @@ impl SessionActor {
         let common = (mirror.iter().zip(&w.prompt))
             .take_while(|(a, b)| a == b)
             .count();
-        let held = (self.deps.engine.pin_kv_tokens(self.head.pin)).min(mirror.len());
+        let held = w.kv.min(mirror.len());
         if common == w.prompt.len() && held + 1 >= w.prompt.len() {
             let v = warm_json(
                 &self.st,
