@@ -20,6 +20,14 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}{sep}{mixed:016x}{n:04x}")
 }
 
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

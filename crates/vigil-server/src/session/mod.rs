@@ -141,19 +141,33 @@ impl SessionRegistry {
             Some(id) => id,
             None => crate::ids::new_id("sess_"),
         };
+        let created_ms = crate::ids::unix_now_ms();
+        let op = journal::model::Op::Create {
+            created_ms: created_ms as u64,
+            params: settings.params.clone(),
+        };
+        self.register(state, id.clone(), Some(op), |pin, deps| {
+            Session::spawn(Identity::at(id, pin, created_ms), settings, deps)
+        })
+    }
+
+    /// Insert the session `spawn` starts under `id` (when there is room), after logging `op`:
+    /// logged under the map's lock, so a later session with this id is logged after it.
+    fn register(
+        &self,
+        state: &SharedState,
+        id: String,
+        op: Option<journal::model::Op>,
+        spawn: impl FnOnce(vigil_engine::pins::PinKey, SessionDeps) -> Session,
+    ) -> Result<(Arc<Session>, journal::Durable), ApiError> {
         let mut map = self.map();
         self.room_for(&map, &id)?;
         let pin = self.next_pin.fetch_add(1, Ordering::Relaxed);
-        let head = Identity::new(id.clone(), pin);
-        // Logged under the map's lock: a later session with this id is logged after it.
-        let durable = self.journal.log_durable(
-            &id,
-            journal::model::Op::Create {
-                created_ms: head.created_ms as u64,
-                params: settings.params.clone(),
-            },
-        );
-        let s = Arc::new(Session::spawn(head, settings, self.deps(state)));
+        let durable = match op {
+            Some(op) => self.journal.log_durable(&id, op),
+            None => journal::Durable::done(),
+        };
+        let s = Arc::new(spawn(pin, self.deps(state)));
         map.insert(id, s.clone());
         (state.metrics.sessions_live).store(map.len(), Ordering::Relaxed);
         Ok((s, durable))
@@ -193,29 +207,15 @@ impl SessionRegistry {
         restored: restore::Restored,
         log: Option<journal::model::Op>,
     ) -> Result<(Arc<Session>, journal::Durable), ApiError> {
-        let mut map = self.map();
         let id = restored.id.clone();
-        self.room_for(&map, &id)?;
-        let pin = self.next_pin.fetch_add(1, Ordering::Relaxed);
-        let durable = match log {
-            Some(op) => self.journal.log_durable(&id, op),
-            None => journal::Durable::done(),
-        };
-        let queued: usize = restored.st.pending.iter().map(queued_cost).sum();
-        self.budget.force(queued);
-        let head = Identity::at(id.clone(), pin, restored.created_ms as u128);
-        let events = events::EventBus::starting_at(restored.next_event_id);
-        let s = Arc::new(Session::spawn_with(
-            head,
-            restored.settings,
-            self.deps(state),
-            restored.st,
-            events,
-            true,
-        ));
-        map.insert(id, s.clone());
-        (state.metrics.sessions_live).store(map.len(), Ordering::Relaxed);
-        Ok((s, durable))
+        let budget = self.budget.clone();
+        self.register(state, id.clone(), log, move |pin, deps| {
+            let queued: usize = restored.st.pending.iter().map(queued_cost).sum();
+            budget.force(queued);
+            let head = Identity::at(id, pin, restored.created_ms as u128);
+            let events = events::EventBus::starting_at(restored.next_event_id);
+            Session::spawn_with(head, restored.settings, deps, restored.st, events, true)
+        })
     }
 
     fn unregister(&self, state: &SharedState, session: &Arc<Session>) {

@@ -8,18 +8,16 @@
 use super::flash::{FlashAnswer, FlashQuery, MAX_FLASH_QUERIES};
 use super::ingest::{tokenize_entries, QUESTION_ROOM};
 use super::journal::model::{DurableSession, Op};
-use super::routes::{flash_fits, TemplateTokens, MAX_PENDING_LIMIT};
+use super::routes::{flash_fits, respond, TemplateTokens, MAX_PENDING_LIMIT};
 use super::state::{Entry, Layout, SessionSettings, SessionState};
 use super::Session;
 use crate::error::{ApiError, Flavor};
 use crate::extract::parse_body;
-use crate::routes::error_response;
 use crate::state::SharedState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -262,11 +260,4 @@ async fn import_inner(
     let (session, durable): (Arc<Session>, _) = state.sessions.adopt(state, restored, Some(op))?;
     durable.wait().await?;
     session.describe(false).await
-}
-
-fn respond(state: &SharedState, r: Result<Value, ApiError>) -> Response {
-    match r {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => error_response(state, e),
-    }
 }

@@ -23,7 +23,7 @@ pub const DEFAULT_MAX_PENDING_BYTES: usize = 4 << 20;
 
 type Body = Result<Bytes, BytesRejection>;
 
-fn respond(state: &SharedState, r: Result<Value, ApiError>) -> Response {
+pub(super) fn respond(state: &SharedState, r: Result<Value, ApiError>) -> Response {
     match r {
         Ok(v) => Json(v).into_response(),
         Err(e) => error_response(state, e),

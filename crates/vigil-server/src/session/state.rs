@@ -257,11 +257,7 @@ pub struct Identity {
 
 impl Identity {
     pub fn new(id: String, pin: vigil_engine::pins::PinKey) -> Self {
-        let ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0);
-        Self::at(id, pin, ms)
+        Self::at(id, pin, crate::ids::unix_now_ms())
     }
 
     /// A session created at `ms` (milliseconds since the epoch): a restored one keeps its time.
