@@ -142,10 +142,23 @@ impl Residency {
         }
     }
 
-    /// Ms from each ack to the first reading that covers it, and how many acked pushes no
-    /// reading covered (still pending when the session was deleted); with each covered push's
-    /// `[ack time after t0, ms to resident]`.
-    pub fn summary(&self, t0: Instant) -> (Option<Summary>, u64, Vec<[f64; 2]>) {
+    /// The newest push number acknowledged so far (0: none).
+    pub fn last_acked(&self) -> u64 {
+        let acks = self.acks.lock().map(|a| a.last().map(|&(n, _)| n));
+        acks.ok().flatten().unwrap_or(0)
+    }
+
+    /// Whether a reading covers push number `k`.
+    pub fn covers(&self, k: u64) -> bool {
+        let seen = self.seen.lock().map(|s| s.last().map(|&(n, _)| n));
+        seen.ok().flatten().is_some_and(|n| n >= k)
+    }
+
+    /// Ms from each ack to the first reading that covers it, and how many acked pushes up to
+    /// number `drained` no reading covered (still pending when the session was deleted); with
+    /// each covered push's `[ack time after t0, ms to resident]`. Pushes after `drained` were
+    /// acknowledged while the session was being wound down: those not covered are left out.
+    pub fn summary(&self, t0: Instant, drained: u64) -> (Option<Summary>, u64, Vec<[f64; 2]>) {
         let acks = self.acks.lock().map(|a| a.clone()).unwrap_or_default();
         let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
         let ms_between =
@@ -156,7 +169,8 @@ impl Residency {
             // A batch can land before its ack reaches the client: that reads as 0 ms.
             match seen.iter().find(|&&(n, _)| n >= k) {
                 Some(&(_, t)) => timeline.push([ms_between(t0, at), ms_between(at, t)]),
-                None => never += 1,
+                None if k <= drained => never += 1,
+                None => {}
             }
         }
         (Summary::of(timeline.iter().map(|p| p[1])), never, timeline)

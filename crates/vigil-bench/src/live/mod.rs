@@ -54,6 +54,9 @@ const LATE_MS: f64 = 5.0;
 const LOAD_RAMP: Duration = Duration::from_secs(3);
 /// Failure messages kept in the record.
 const ERRORS_KEPT: usize = 5;
+/// Longest the session is given, before it is deleted, to make the pushes acknowledged so far
+/// resident (so the residency figures are not cut short by the end of the run).
+const DRAIN_WAIT: Duration = Duration::from_secs(30);
 
 /// What the stream and the session looked like on one target.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -92,7 +95,9 @@ pub struct LiveRecord {
     /// most that), over the pushes of the phases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resident_ms: Option<Summary>,
-    /// Pushes acknowledged but not yet resident when the session was deleted.
+    /// Pushes acknowledged before the session's drain began (the run waits up to 30 s, the
+    /// stream and the chat load going on, for them to land) and not resident when it was
+    /// deleted.
     #[serde(default)]
     pub never_resident: u64,
     /// Each resident push: `[ms from the stream's start to its ack, ms to resident]`.
@@ -221,6 +226,7 @@ pub async fn run_target(
         stop_poller: Notify::new(),
         stop_load: Notify::new(),
         residency: load::Residency::default(),
+        drained: AtomicU64::new(u64::MAX),
     };
     let streams = ctx.settings.chat_streams;
     let started = Instant::now();
@@ -265,7 +271,7 @@ pub async fn run_target(
             record.resident_ms,
             record.never_resident,
             record.resident_timeline,
-        ) = stream.residency.summary(started);
+        ) = (stream.residency).summary(started, stream.drained.load(Ordering::Relaxed));
     }
     record.chat_load = chat_load;
     if record.sessions && mode == Some("shift") {
@@ -339,6 +345,8 @@ struct Stream<'a> {
     stop_load: Notify,
     /// When each push of the phases became KV-resident.
     residency: load::Residency,
+    /// The newest push acknowledged when the session's drain began (see `drain`).
+    drained: AtomicU64,
 }
 
 impl Stream<'_> {
@@ -464,6 +472,7 @@ impl Stream<'_> {
             let session = self.session.lock().await.clone();
             if mode == LiveMode::Replay {
                 // Stateless from here: the server keeps nothing for the stream.
+                self.drain().await;
                 if let Some(s) = self.session.lock().await.take() {
                     let end = s.get().await?;
                     s.delete().await?;
@@ -483,7 +492,21 @@ impl Stream<'_> {
                 }
             }
         }
+        if self.session.lock().await.is_some() {
+            self.drain().await;
+        }
         Ok(out)
+    }
+
+    /// Before the session goes: wait (at most `DRAIN_WAIT`; the pusher and any chat load go
+    /// on) until every push acknowledged so far is resident, and remember how far that was.
+    async fn drain(&self) {
+        let k = self.residency.last_acked();
+        let until = Instant::now() + DRAIN_WAIT;
+        while k > 0 && !self.residency.covers(k) && Instant::now() < until {
+            tokio::time::sleep(load::POLL).await;
+        }
+        self.drained.fetch_min(k, Ordering::Relaxed);
     }
 
     async fn phase(

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds llama.cpp natively from the sources inside the PyPI sdist of llama-cpp-python (its
+# `vendor/llama.cpp`), Release, -DGGML_NATIVE=ON, the targets the benchmarks use, and prints
+# where they are:
+#   eval "$(scripts/setup_llamacpp.sh)"   →   LLAMACPP_BIN=<dir with llama-bench, llama-server,
+#                                              llama-quantize, llama-perplexity>
+# The build is cached outside the repo ($LLAMACPP_CACHE, default ~/.cache/vigil-peers), keyed on
+# the version and this CPU's flags (a native build is only valid on the CPU it was made for).
+# cmake comes from PyPI when the machine has none. Only the export line goes to stdout.
+# Takes ~15-20 minutes on 2 cores the first time.
+set -euo pipefail
+version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+cache=${LLAMACPP_CACHE:-$HOME/.cache/vigil-peers}
+python=${PYTHON:-python3}
+flags_key=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)
+dir="$cache/llama.cpp-$version-$flags_key"
+targets=(llama-bench llama-server llama-quantize llama-perplexity)
+done_all() { for t in "${targets[@]}"; do [ -x "$dir/bin/$t" ] || return 1; done; }
+if done_all; then
+  echo "export LLAMACPP_BIN=$dir/bin"
+  exit 0
+fi
+mkdir -p "$cache"
+tools="$cache/tools-venv"
+if ! command -v cmake >/dev/null; then
+  [ -x "$tools/bin/cmake" ] || { "$python" -m venv "$tools" >&2 && "$tools/bin/pip" install --disable-pip-version-check -q cmake ninja >&2; }
+  export PATH="$tools/bin:$PATH"
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "setup_llamacpp: fetching the llama-cpp-python==$version sdist" >&2
+"$python" -m pip download --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+  "llama-cpp-python==$version" -d "$work" >&2
+tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
+src="$work/llama_cpp_python-$version/vendor/llama.cpp"
+[ -f "$src/CMakeLists.txt" ] || { echo "setup_llamacpp: no vendor/llama.cpp in the sdist" >&2; exit 1; }
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+echo "setup_llamacpp: building ${targets[*]} natively ($(nproc) jobs)" >&2
+cmake -S "$src" -B "$work/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF >&2
+cmake --build "$work/build" -j "$(nproc)" --target "${targets[@]}" >&2
+rm -rf "$dir"
+mkdir -p "$dir/bin"
+for t in "${targets[@]}"; do cp "$work/build/bin/$t" "$dir/bin/"; done
+# What was built, for the result files.
+(cd "$src" && git describe --tags 2>/dev/null || grep -m1 -o 'b[0-9]\{4,\}' "$src/CMakeLists.txt" 2>/dev/null || true) >"$dir/VERSION"
+grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- >"$dir/CPU"
+echo "export LLAMACPP_BIN=$dir/bin"
