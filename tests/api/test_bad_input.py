@@ -141,7 +141,7 @@ FIELD_CASES = [
     ("unknown-field", MSG, body_for(MSG, frobnicate=1), "frobnicate"),
     ("unknown-field", COUNT, body_for(COUNT, frobnicate=1), "frobnicate"),
     ("session_id-in-body", CHAT, body_for(CHAT, session_id="s1"), "session_id"),
-    ("top_k", MSG, body_for(MSG, top_k=5), "top_k"),
+    ("top_k-0", MSG, body_for(MSG, top_k=0), "top_k"),
     # stop strings
     ("5-stops", CHAT, body_for(CHAT, stop=["a", "b", "c", "d", "e"]), "stop"),
     ("5-stops", COMP, body_for(COMP, stop=["a", "b", "c", "d", "e"]), "stop"),

@@ -9,27 +9,26 @@ use vigil_model::json_prefix::{JsonPrefix, JsonStatus};
 pub trait TokenConstraint: Send {
     /// Whether `token` may come next.
     fn allows(&self, token: u32) -> bool;
+    /// Masks `logits` in place to the tokens that may come next; returns how many may. When
+    /// none may, the logits are left as they are (the caller ends the sequence). By default,
+    /// token by token through `allows`; a constraint that computes whole masks (a grammar)
+    /// overrides it.
+    fn mask(&mut self, logits: &mut [f32]) -> usize {
+        let allowed: Vec<bool> = (0..logits.len()).map(|id| self.allows(id as u32)).collect();
+        let n = allowed.iter().filter(|&&a| a).count();
+        if n > 0 {
+            for (l, ok) in logits.iter_mut().zip(allowed) {
+                if !ok {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        n
+    }
     /// Record that `token` was sampled.
     fn advance(&mut self, token: u32);
     /// The constrained text is finished: the sequence stops here.
     fn is_complete(&self) -> bool;
-}
-
-/// Masks `logits` in place to the tokens `constraint` allows; returns how many are allowed.
-/// When none is, the logits are left as they are (the caller ends the sequence).
-pub fn apply_mask(constraint: &dyn TokenConstraint, logits: &mut [f32]) -> usize {
-    let allowed: Vec<bool> = (0..logits.len())
-        .map(|id| constraint.allows(id as u32))
-        .collect();
-    let n = allowed.iter().filter(|&&a| a).count();
-    if n > 0 {
-        for (l, ok) in logits.iter_mut().zip(allowed) {
-            if !ok {
-                *l = f32::NEG_INFINITY;
-            }
-        }
-    }
-    n
 }
 
 /// The text each token id decodes to on its own (shared by every constrained sequence).
@@ -240,14 +239,14 @@ mod tests {
     #[test]
     fn mask_leaves_only_allowed_tokens() {
         let t = texts(&["{", "a", "}"]);
-        let c = ForcedToolCall::new(t, Vec::new());
+        let mut c = ForcedToolCall::new(t, Vec::new());
         let mut logits = vec![1.0, 2.0, 3.0];
-        assert_eq!(apply_mask(&c, &mut logits), 1);
+        assert_eq!(c.mask(&mut logits), 1);
         let mut done = c.clone();
         done.advance(0);
         done.advance(2);
         let mut untouched = vec![1.0, 2.0, 3.0];
-        assert_eq!(apply_mask(&done, &mut untouched), 0);
+        assert_eq!(done.mask(&mut untouched), 0);
         assert_eq!(untouched, vec![1.0, 2.0, 3.0]);
         assert_eq!(logits[0], 1.0);
         assert!(logits[1].is_infinite() && logits[2].is_infinite());

@@ -7,6 +7,7 @@ pub mod block_table;
 pub mod constraint;
 pub mod engine;
 pub mod engine_thread;
+pub mod grammar;
 pub mod model_runner;
 pub mod pins;
 pub mod sampling;

@@ -3,7 +3,7 @@
 //! phase, only tokens still to compute.
 
 use crate::block_table::BlockTable;
-use crate::constraint::{apply_mask, TokenConstraint};
+use crate::constraint::TokenConstraint;
 use crate::pins::PinUse;
 use crate::sampling::{SampleOutput, Sampler, SamplingParams};
 
@@ -150,8 +150,8 @@ impl Sequence {
                 }
             }
         }
-        if let Some(c) = &self.constraint {
-            if apply_mask(c.as_ref(), logits) == 0 {
+        if let Some(c) = &mut self.constraint {
+            if c.mask(logits) == 0 {
                 self.constraint_dead_end = true;
             }
         }

@@ -315,3 +315,26 @@ fn missing_hf_dir_is_an_error() {
     let err = Tokenizer::from_hf_dir(Path::new("/nonexistent/vigil-tokenizer")).err();
     assert!(err.is_some_and(|e| e.to_string().contains("tokenizer.json")));
 }
+
+/// The bytes grammar-constrained decoding matches against spell, token by token, exactly the
+/// text the reference decodes the ids to.
+#[test]
+fn token_bytes_spell_what_the_ids_decode_to() {
+    for (name, tok) in tokenizers() {
+        let bytes = tok.token_bytes();
+        assert_eq!(bytes.len(), tok.vocab_size(), "{name}");
+        for case in &fixture(name).cases {
+            let spelled: Vec<u8> = (case.ids.iter())
+                .flat_map(|&id| bytes[id as usize].bytes.iter().copied())
+                .collect();
+            assert_eq!(
+                String::from_utf8_lossy(&spelled),
+                case.decoded,
+                "{name} {:?}",
+                case.text
+            );
+        }
+        let specials = bytes.iter().filter(|b| b.special).count();
+        assert!(specials > 0, "{name}: no special token flagged");
+    }
+}

@@ -47,6 +47,8 @@ pub struct GenParams {
     pub want_token_text: bool,
     /// Constrain the output to a well-formed forced tool call.
     pub forced_call: Option<crate::output::ForcedCall>,
+    /// Constrain the output to a grammar (structured outputs); not with `forced_call`.
+    pub grammar: Option<vigil_engine::grammar::GrammarConstraint>,
     pub priority: Priority,
     /// Run on (and maybe save to) a session's KV.
     pub pin: Option<PinUse>,
@@ -64,6 +66,7 @@ impl GenParams {
             ignore_eos: false,
             want_token_text: false,
             forced_call: None,
+            grammar: None,
             priority: Priority::Foreground,
             pin: None,
             on_finish: None,
@@ -149,12 +152,13 @@ pub fn start(
         stop_token_ids: state.tokenizer.eos_token_ids().to_vec(),
         ignore_eos: params.ignore_eos,
     };
-    let constraint = match (&params.forced_call, state.tool_format) {
-        (Some(fc), Some(format)) => Some(Box::new(ForcedToolCall::new(
+    type Constraint = Box<dyn vigil_engine::constraint::TokenConstraint>;
+    let constraint = match (&params.forced_call, state.tool_format, params.grammar) {
+        (Some(fc), Some(format), _) => Some(Box::new(ForcedToolCall::new(
             state.token_texts(),
             fc.literals(format),
-        ))
-            as Box<dyn vigil_engine::constraint::TokenConstraint>),
+        )) as Constraint),
+        (_, _, Some(g)) => Some(Box::new(g) as Constraint),
         _ => None,
     };
     let tail_start = prompt_len.saturating_sub(4);

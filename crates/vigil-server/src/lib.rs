@@ -19,6 +19,7 @@ pub mod session;
 pub mod sse;
 pub mod startup;
 pub mod state;
+pub mod structured;
 
 pub use startup::{serve, EngineOptions};
 pub use state::ServerConfig;

@@ -346,6 +346,7 @@ fn build_state(
         tool_format,
         supports_thinking,
         token_texts: std::sync::OnceLock::new(),
+        grammars: std::sync::OnceLock::new(),
     }))
 }
 

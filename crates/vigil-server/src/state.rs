@@ -51,6 +51,8 @@ pub struct AppState {
     pub supports_thinking: bool,
     /// Each token's text alone, built on first use (constrained decoding).
     pub token_texts: std::sync::OnceLock<vigil_engine::constraint::TokenTexts>,
+    /// The grammar tables of structured outputs, built on first use (`structured.rs`).
+    pub grammars: std::sync::OnceLock<Result<Arc<vigil_engine::grammar::Grammars>, String>>,
     pub sessions: crate::session::SessionRegistry,
     pub cpu_jobs: crate::cpu_jobs::CpuJobs,
     /// Ends every open stream at the shutdown deadline.

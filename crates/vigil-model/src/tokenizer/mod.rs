@@ -6,12 +6,14 @@ mod detokenize;
 mod gguf_vocab;
 mod hf_config;
 mod pretokenize;
+mod token_bytes;
 
 use std::collections::HashSet;
 use std::path::Path;
 
 pub use detokenize::IncrementalDetokenizer;
 pub use gguf_vocab::{GgufVocab, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED};
+pub use token_bytes::TokenBytes;
 
 use crate::error::{ModelError, Result};
 

@@ -31,8 +31,8 @@ pub fn convert(req: &MessagesRequest) -> Result<Converted, ApiError> {
     for (i, m) in req.messages.iter().enumerate() {
         convert_message(m, i, &mut messages)?;
     }
-    if req.top_k.is_some() {
-        return Err(bad("top_k", "`top_k` is not supported"));
+    if req.top_k.is_some_and(|k| k < 1) {
+        return Err(bad("top_k", "must be at least 1"));
     }
     let thinking = thinking_switch(req)?;
     let (mode, parallel) = match &req.tool_choice {

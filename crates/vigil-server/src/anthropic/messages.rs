@@ -110,6 +110,7 @@ async fn handle(
     let common = CommonParams {
         temperature: req.temperature,
         top_p: req.top_p,
+        top_k: req.top_k,
         seed: req.seed,
         ignore_eos: req.ignore_eos,
         stop: req.stop_sequences.clone().map(StopField::Many),
@@ -132,6 +133,7 @@ async fn handle(
             ignore_eos: req.ignore_eos.unwrap_or(false),
             want_token_text: false,
             forced_call: prompt.forced.clone(),
+            grammar: None,
             priority: vigil_engine::sequence::Priority::Foreground,
             pin,
             on_finish,

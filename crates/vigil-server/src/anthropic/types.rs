@@ -14,7 +14,7 @@ pub struct MessagesRequest {
     pub system: Option<Value>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
-    pub top_k: Option<Value>,
+    pub top_k: Option<i64>,
     pub seed: Option<i64>,
     pub ignore_eos: Option<bool>,
     pub stop_sequences: Option<Vec<String>>,
@@ -24,6 +24,10 @@ pub struct MessagesRequest {
     pub thinking: Option<Thinking>,
     pub output_config: Option<OutputConfig>,
     pub metadata: Option<Value>,
+    /// Accepted and ignored: one tier here.
+    pub service_tier: Option<String>,
+    /// Accepted and ignored: every prompt's prefix is cached automatically.
+    pub cache_control: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]

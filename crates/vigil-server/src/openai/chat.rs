@@ -64,6 +64,28 @@ async fn handle(
     )?;
     let thinking_asked = kwargs.get("enable_thinking").and_then(Value::as_bool);
     let forced = matches!(mode, ToolMode::Required | ToolMode::Named(_));
+    let structured = req.structured().spec()?;
+    if let Some((field, _)) = &structured {
+        if forced {
+            return Err(ApiError::invalid(
+                *field,
+                "cannot be combined with a forced tool call (`tool_choice`), which has its own constraint",
+            ));
+        }
+        if thinking_asked == Some(true) {
+            return Err(ApiError::invalid(
+                *field,
+                "cannot be combined with thinking (`enable_thinking`): the constraint would apply to the reasoning too",
+            ));
+        }
+        if state.supports_thinking {
+            kwargs.insert("enable_thinking".into(), Value::Bool(false));
+        }
+    }
+    let grammar = match structured {
+        Some((field, spec)) => Some(crate::structured::compile(&state, field, spec).await?),
+        None => None,
+    };
     let tool_format = if tools.is_some() {
         state.tool_format
     } else {
@@ -145,6 +167,7 @@ async fn handle(
             ignore_eos: req.ignore_eos.unwrap_or(false),
             want_token_text: logprobs,
             forced_call: plan.forced.clone(),
+            grammar,
             priority: vigil_engine::sequence::Priority::Foreground,
             pin,
             on_finish,

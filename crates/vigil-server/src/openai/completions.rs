@@ -53,6 +53,7 @@ async fn handle(
     }
     let vocab = state.tokenizer.vocab_size();
     let sampling = sampling_params(&req.common(), vocab, logprobs)?;
+    let structured = req.structured().spec()?;
     let prompt = match req.prompt {
         PromptField::Text(t) => encode(&state, t).await?,
         PromptField::TextBatch(mut v) if v.len() == 1 => encode(&state, v.remove(0)).await?,
@@ -71,6 +72,10 @@ async fn handle(
             format!("token id {bad} is outside the vocabulary ({vocab} tokens)"),
         ));
     }
+    let grammar = match structured {
+        Some((field, spec)) => Some(crate::structured::compile(&state, field, spec).await?),
+        None => None,
+    };
     let rx = generate::start(
         &state,
         GenParams {
@@ -81,6 +86,7 @@ async fn handle(
             ignore_eos: req.ignore_eos.unwrap_or(false),
             want_token_text: logprobs.is_some(),
             forced_call: None,
+            grammar,
             priority: vigil_engine::sequence::Priority::Foreground,
             pin: None,
             on_finish: None,

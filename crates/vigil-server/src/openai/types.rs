@@ -17,6 +17,8 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
     /// Accepted for compatibility; usage chunks are never sent continuously.
     pub continuous_usage_stats: Option<bool>,
+    /// Accepted and ignored: OpenAI's padding of stream events against side channels.
+    pub include_obfuscation: Option<bool>,
 }
 
 /// Sampling and stopping fields shared by chat and text completions.
@@ -71,6 +73,24 @@ pub struct ChatCompletionRequest {
     pub stream_reasoning: Option<bool>,
     /// Documented as ignored (OpenAI's end-user id).
     pub user: Option<String>,
+    pub response_format: Option<Value>,
+    pub structured_outputs: Option<Value>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    pub guided_decoding_backend: Option<String>,
+    pub guided_whitespace_pattern: Option<String>,
+    /// Accepted and ignored (docs/api.md lists them): fields OpenAI's SDKs send that change
+    /// nothing Vigil computes.
+    pub store: Option<bool>,
+    pub metadata: Option<Value>,
+    pub service_tier: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub safety_identifier: Option<String>,
+    pub verbosity: Option<String>,
+    pub modalities: Option<Value>,
+    pub prediction: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -185,6 +205,20 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     pub best_of: Option<u32>,
     pub user: Option<String>,
+    pub response_format: Option<Value>,
+    pub structured_outputs: Option<Value>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    pub guided_decoding_backend: Option<String>,
+    pub guided_whitespace_pattern: Option<String>,
+    /// Accepted and ignored, as on chat completions.
+    pub store: Option<bool>,
+    pub metadata: Option<Value>,
+    pub service_tier: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub safety_identifier: Option<String>,
 }
 
 /// A prompt as text or token ids (a batch of one is accepted in list form).
@@ -224,3 +258,24 @@ macro_rules! impl_common_params {
 }
 
 impl_common_params!(ChatCompletionRequest, CompletionRequest);
+
+macro_rules! impl_structured {
+    ($($request:ty),*) => {$(
+        impl $request {
+            pub fn structured(&self) -> crate::structured::StructuredFields {
+                crate::structured::StructuredFields {
+                    response_format: self.response_format.clone(),
+                    structured_outputs: self.structured_outputs.clone(),
+                    guided_json: self.guided_json.clone(),
+                    guided_regex: self.guided_regex.clone(),
+                    guided_choice: self.guided_choice.clone(),
+                    guided_grammar: self.guided_grammar.clone(),
+                    guided_decoding_backend: self.guided_decoding_backend.clone(),
+                    guided_whitespace_pattern: self.guided_whitespace_pattern.clone(),
+                }
+            }
+        }
+    )*};
+}
+
+impl_structured!(ChatCompletionRequest, CompletionRequest);
