@@ -69,7 +69,7 @@ def one(url: str, i: int, constrained: bool, max_tokens: int, out: list) -> None
     else:
         body["ignore_eos"] = True
     times = []
-    text = ""
+    text, finish = "", None
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -77,13 +77,14 @@ def one(url: str, i: int, constrained: bool, max_tokens: int, out: list) -> None
                 continue
             chunk = json.loads(line[6:])
             for c in chunk.get("choices", []):
+                finish = c.get("finish_reason") or finish
                 piece = c["delta"].get("content")
                 if piece:
                     times.append(time.perf_counter())
                     text += piece
-    if constrained:
+    if constrained and finish == "stop":
         json.loads(text)  # a constrained answer that finished must parse
-    out.append({"tokens": len(times), "itl_ms": [(b - a) * 1e3 for a, b in zip(times, times[1:])],
+    out.append({"tokens": len(times), "finish": finish, "itl_ms": [(b - a) * 1e3 for a, b in zip(times, times[1:])],
                 "span_s": times[-1] - times[0] if len(times) > 1 else 0.0})
 
 
@@ -106,6 +107,7 @@ def round_(url: str, streams: int, constrained: bool, max_tokens: int, seed0: in
         "itl_p50_ms": round(statistics.median(itl), 2),
         "itl_p95_ms": round(itl[int(0.95 * (len(itl) - 1))], 2),
         "tok_s": round(tokens / wall, 1),
+        "finished_json": sum(1 for s in out if s["finish"] == "stop") if constrained else None,
     }
 
 
