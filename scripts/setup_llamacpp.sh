@@ -13,7 +13,7 @@ version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 cache=${LLAMACPP_CACHE:-$HOME/.cache/vigil-peers}
 python=${PYTHON:-python3}
 flags_key=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)
-dir="$cache/llama.cpp-$version-$flags_key"
+dir="$cache/llama.cpp-$version-$flags_key-noamx"
 targets=(llama-bench llama-server llama-quantize llama-perplexity)
 done_all() { for t in "${targets[@]}"; do [ -x "$dir/bin/$t" ] || return 1; done; }
 if done_all; then
@@ -37,13 +37,18 @@ src="$work/llama_cpp_python-$version/vendor/llama.cpp"
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 echo "setup_llamacpp: building ${targets[*]} natively ($(nproc) jobs)" >&2
+# AMX stays off even where /proc/cpuinfo lists it: on the Xeon VMs here its tile path faults
+# (ggml_backend_amx_mul_mat, general protection fault) on every matmul; Vigil has no AMX path
+# either, so both run AVX-512 VNNI. Explicit -mno-* flags win over what -march=native implies.
+noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -S "$src" -B "$work/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" \
   -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF >&2
 cmake --build "$work/build" -j "$(nproc)" --target "${targets[@]}" >&2
 rm -rf "$dir"
 mkdir -p "$dir/bin"
 for t in "${targets[@]}"; do cp "$work/build/bin/$t" "$dir/bin/"; done
 # What was built, for the result files.
-(cd "$src" && git describe --tags 2>/dev/null || grep -m1 -o 'b[0-9]\{4,\}' "$src/CMakeLists.txt" 2>/dev/null || true) >"$dir/VERSION"
+"$dir/bin/llama-server" --version >"$dir/VERSION" 2>&1 || true
 grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- >"$dir/CPU"
 echo "export LLAMACPP_BIN=$dir/bin"

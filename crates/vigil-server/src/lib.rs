@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod openai;
 pub mod output;
 pub mod prompt;
+pub mod request_id;
 pub mod routes;
 pub mod session;
 pub mod sse;

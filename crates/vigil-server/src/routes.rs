@@ -78,6 +78,7 @@ pub fn router(state: SharedState) -> Router {
             crate::edge::guard,
         ))
         .layer(middleware::map_response(name_the_server))
+        .layer(middleware::from_fn(crate::request_id::request_id))
         .with_state(state)
 }
 
@@ -99,6 +100,13 @@ pub fn error_response(state: &SharedState, err: ApiError) -> Response {
         Outcome::ServerError
     };
     state.metrics.record(outcome);
+    // Inside the request's span: the line names the request id the client got.
+    let (status, param) = (err.status.as_u16(), err.param.as_deref().unwrap_or("-"));
+    if outcome == Outcome::ServerError {
+        tracing::warn!(status, param, "request failed: {}", err.message);
+    } else {
+        tracing::info!(status, param, "request refused: {}", err.message);
+    }
     err.into_response()
 }
 
