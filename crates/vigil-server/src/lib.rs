@@ -11,6 +11,7 @@ pub mod generate;
 pub mod ids;
 pub mod listener;
 pub mod metrics;
+pub mod metrics_vllm;
 pub mod openai;
 pub mod output;
 pub mod prompt;

@@ -29,9 +29,14 @@ impl Histogram {
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
+        self.render_labelled(out, name, help, "");
+    }
+
+    /// With `label` (`key="value",`) on every series line.
+    pub(crate) fn render_labelled(&self, out: &mut String, name: &str, help: &str, label: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        write_buckets(out, name, "", &LATENCY_BUCKETS, &self.buckets, sum);
+        write_buckets(out, name, label, &LATENCY_BUCKETS, &self.buckets, sum);
     }
 }
 

@@ -237,6 +237,12 @@ async fn metrics(State(state): State<SharedState>) -> Response {
     let mut text = state.metrics.render(&state.engine.stats);
     let journal = &state.sessions.journal;
     journal.stats.render(&mut text, journal.persistent);
+    crate::metrics_vllm::render(
+        &mut text,
+        &state.metrics,
+        &state.engine.stats,
+        &state.model_id,
+    );
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
