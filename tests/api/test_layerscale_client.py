@@ -213,14 +213,20 @@ def test_messages_forced_tool_use(qclient):
     body = dict(messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=ANTHROPIC_TOOLS,
                 tool_choice={"type": "tool", "name": "get_weather"}, max_tokens=48, temperature=0)
     whole = qclient.messages.create(**body)
-    assert whole.stop_reason == "tool_use", whole
+    # Finished (`tool_use`, its input a JSON object) or cut by max_tokens (`max_tokens`, every
+    # token spent: the random tiny model often never closes its strings).
+    assert whole.stop_reason in ("tool_use", "max_tokens"), whole
+    if whole.stop_reason == "tool_use":
+        assert isinstance([b for b in whole.content if b.type == "tool_use"][0].input, dict)
+    else:
+        assert whole.usage.output_tokens == 48
     uses = [b for b in whole.content if b.type == "tool_use"]
     assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id
     # The parsed arguments, or the model's raw text when it is not JSON; never dropped to "".
     assert uses[0].input != "", f"tool_use.input dropped after {whole.usage.output_tokens} tokens"
     events = list(qclient.messages.stream(**body))
     assert isinstance(events[0], MessageStart) and isinstance(events[-1], MessageStop)
-    assert isinstance(events[-2], MessageDelta) and events[-2].delta.stop_reason == "tool_use"
+    assert isinstance(events[-2], MessageDelta) and events[-2].delta.stop_reason == whole.stop_reason
     starts = [e for e in events if isinstance(e, ContentBlockStart) and e.content_block.type == "tool_use"]
     assert len(starts) == 1 and starts[0].content_block.name == "get_weather"
     deltas = [e for e in events if isinstance(e, ContentBlockDelta) and e.index == starts[0].index]

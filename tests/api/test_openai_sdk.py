@@ -10,6 +10,7 @@ import json
 import threading
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -352,6 +353,19 @@ def check_call_shape(call, names) -> None:
     assert isinstance(call.function.arguments, str)
 
 
+def check_finished_or_cut(r, max_tokens: int) -> None:
+    """A forced call is either finished (`tool_calls`, arguments one JSON object) or cut by
+    `max_tokens` (`length`, every token spent); the random tiny model often never closes its
+    strings, and a cut call must not read as finished."""
+    choice = r.choices[0]
+    assert choice.finish_reason in ("tool_calls", "length"), choice
+    if choice.finish_reason == "tool_calls":
+        for call in choice.message.tool_calls:
+            assert isinstance(json.loads(call.function.arguments), dict), call
+    else:
+        assert r.usage.completion_tokens == max_tokens, r.usage
+
+
 def test_tool_choice_named_function(qclient):
     client, model = qclient
     r = client.chat.completions.create(
@@ -359,7 +373,7 @@ def test_tool_choice_named_function(qclient):
         tool_choice={"type": "function", "function": {"name": "get_time"}},
     )
     choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls", f"{choice}"
+    check_finished_or_cut(r, 48)
     calls = choice.message.tool_calls
     assert calls and len(calls) == 1
     check_call_shape(calls[0], {"get_time"})
@@ -375,7 +389,7 @@ def test_tool_choice_required(qclient):
         model=model, messages=TOOL_MSGS, tools=TOOLS, temperature=0, max_tokens=48, tool_choice="required",
     )
     choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls", f"{choice}"
+    check_finished_or_cut(r, 48)
     assert choice.message.tool_calls
     for call in choice.message.tool_calls:
         check_call_shape(call, {"get_weather", "get_time"})
@@ -423,7 +437,33 @@ def test_forced_call_streams_as_opener_plus_arguments(qclient):
     assert isinstance(args[0].function.arguments, str) and args[0].function.arguments
     assert args[0].function.arguments == whole.choices[0].message.tool_calls[0].function.arguments
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert finishes == ["tool_calls"]
+    check_finished_or_cut(whole, 48)
+    assert finishes == [whole.choices[0].finish_reason]
+
+
+def test_a_forced_call_cut_by_max_tokens_ends_with_length(qclient, qwen):
+    """A call cut before its arguments close is `length` (`max_tokens` on /v1/messages), never
+    a finished call."""
+    client, model = qclient
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    for stream in (False, True):
+        kwargs = dict(model=model, messages=TOOL_MSGS, tools=TOOLS, temperature=0, max_tokens=3, tool_choice=forced)
+        if stream:
+            chunks = list(client.chat.completions.create(**kwargs, stream=True))
+            finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            assert finishes == ["length"]
+        else:
+            r = client.chat.completions.create(**kwargs)
+            assert r.choices[0].finish_reason == "length"
+            assert r.usage.completion_tokens == 3
+    body = {
+        "model": model, "max_tokens": 3, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+    }
+    r = httpx.post(qwen.url + "/v1/messages", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["stop_reason"] == "max_tokens"
 
 
 # ── Errors surface as the SDK's typed exceptions ───────────────────────────────────────────

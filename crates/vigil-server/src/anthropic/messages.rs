@@ -160,8 +160,9 @@ async fn handle(
     }
 }
 
+/// Cut by `max_tokens` wins over `tool_use`: a cut call must never read as a finished one.
 fn stop_reason(finish: &Finish, has_calls: bool) -> (&'static str, Value) {
-    if has_calls {
+    if has_calls && !matches!(finish, Finish::Length { .. }) {
         return ("tool_use", Value::Null);
     }
     match finish {

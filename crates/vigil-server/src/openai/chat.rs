@@ -182,13 +182,13 @@ async fn handle(
     }
 }
 
+/// Cut by `max_tokens` (or the context) is `length` even when the text holds tool calls: the
+/// last one may be unfinished, and a cut call must never read as a finished one.
 fn finish_reason(finish: &Finish, has_calls: bool) -> &'static str {
-    if has_calls {
-        return "tool_calls";
-    }
     match finish {
-        Finish::Eos | Finish::StopString(_) => "stop",
         Finish::Length { .. } => "length",
+        _ if has_calls => "tool_calls",
+        Finish::Eos | Finish::StopString(_) => "stop",
     }
 }
 
