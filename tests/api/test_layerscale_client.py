@@ -171,7 +171,7 @@ def test_errors_are_typed(client):
         client.chat.create(messages=MSGS, max_tokens=1, frobnicate=True)  # type: ignore[call-arg]
     assert e.value.status_code == 400
     with pytest.raises(layerscale.BadRequestError):
-        client.messages.create(messages=MSGS, max_tokens=1, top_k=5)  # type: ignore[call-arg]
+        client.messages.create(messages=MSGS, max_tokens=1, top_k=0)  # type: ignore[call-arg]
     with pytest.raises(layerscale.BadRequestError):
         client.messages.count_tokens(messages=[{"role": "system", "content": "x"}])  # type: ignore[list-item]
 

@@ -13,7 +13,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 use std::sync::Arc;
-use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie, TokenizerEnv};
 use vigil_model::tokenizer::TokenBytes;
 
 /// What a request's output must match.
@@ -35,17 +35,23 @@ fn json_layout() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
+/// `schema` with the compact layout (unless it sets its own `x-guidance`); `true` (any value)
+/// becomes an empty schema carrying it.
+pub fn compact_json(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Value::Object(map) = &mut schema {
+        map.entry("x-guidance").or_insert_with(json_layout);
+    } else if schema == Value::Bool(true) {
+        schema = json!({"x-guidance": json_layout()});
+    }
+    schema
+}
+
 impl GrammarSpec {
     fn top_level(&self) -> TopLevelGrammar {
         match self {
             GrammarSpec::JsonSchema(schema) => {
-                let mut schema = schema.clone();
-                if let Value::Object(map) = &mut schema {
-                    map.entry("x-guidance").or_insert_with(json_layout);
-                } else if schema == Value::Bool(true) {
-                    schema = json!({"x-guidance": json_layout()});
-                }
-                TopLevelGrammar::from_json_schema(schema)
+                TopLevelGrammar::from_json_schema(compact_json(schema))
             }
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             GrammarSpec::Choice(options) => {
@@ -109,6 +115,8 @@ impl Grammars {
         Ok(GrammarConstraint {
             matcher,
             eos: self.eos.clone(),
+            next: None,
+            done: false,
         })
     }
 }
@@ -117,6 +125,11 @@ impl Grammars {
 pub struct GrammarConstraint {
     matcher: Matcher,
     eos: Arc<[u32]>,
+    /// The mask after the last token, computed in `advance` (to see whether the grammar is
+    /// finished) and used by the next `mask`.
+    next: Option<SimpleVob>,
+    /// Nothing but end-of-generation may follow: the output is complete.
+    done: bool,
 }
 
 impl GrammarConstraint {
@@ -127,13 +140,12 @@ impl GrammarConstraint {
 }
 
 impl TokenConstraint for GrammarConstraint {
-    fn allows(&self, _token: u32) -> bool {
-        // Masks come whole from `mask`; nothing asks token by token.
-        true
-    }
-
     fn mask(&mut self, logits: &mut [f32]) -> usize {
-        let mask = match self.matcher.compute_mask_or_eos() {
+        let computed = match self.next.take() {
+            Some(m) => Ok(m),
+            None => self.matcher.compute_mask_or_eos(),
+        };
+        let mask = match computed {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!("structured output: no mask: {e}");
@@ -171,10 +183,17 @@ impl TokenConstraint for GrammarConstraint {
         };
         if let Err(e) = self.matcher.consume_token(token) {
             tracing::warn!("structured output: the grammar refused token {token}: {e}");
+            return;
+        }
+        // A grammar that only end-of-generation can follow is finished now: the sequence
+        // stops on this token instead of spending a step on the end token.
+        if let Ok(next) = self.matcher.compute_mask_or_eos() {
+            self.done = next.num_set() == 1 && next.is_allowed(self.eos[0]);
+            self.next = Some(next);
         }
     }
 
     fn is_complete(&self) -> bool {
-        self.matcher.is_stopped()
+        self.done || self.matcher.is_stopped()
     }
 }

@@ -129,11 +129,11 @@ struct PanicsAfter {
 }
 
 impl vigil_engine::constraint::TokenConstraint for PanicsAfter {
-    fn allows(&self, _token: u32) -> bool {
+    fn mask(&mut self, logits: &mut [f32]) -> usize {
         if self.seen >= self.after {
             panic!("constraint bug after {} tokens", self.seen);
         }
-        true
+        logits.len()
     }
     fn advance(&mut self, _token: u32) {
         self.seen += 1;

@@ -70,6 +70,10 @@ fn sample(tok: &Tokenizer, grammars: &Grammars, spec: &GrammarSpec, seed: u64) -
             return Some(tok.decode(&out, false).expect("decodes"));
         }
         out.push(pick);
+        if c.is_complete() {
+            // Nothing but EOS could follow: the output ends on this token.
+            return Some(tok.decode(&out, false).expect("decodes"));
+        }
     }
     None
 }

@@ -8,7 +8,6 @@ pub mod config;
 pub mod error;
 pub mod gguf;
 pub mod hf;
-pub mod json_prefix;
 pub mod safetensors_store;
 pub mod tokenizer;
 

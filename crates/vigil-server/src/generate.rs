@@ -10,7 +10,6 @@ use crate::state::SharedState;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tokio::sync::mpsc;
-use vigil_engine::constraint::ForcedToolCall;
 use vigil_engine::engine_thread::{GenerateRequest, RequestEvent};
 use vigil_engine::pins::PinUse;
 use vigil_engine::sampling::SamplingParams;
@@ -45,9 +44,10 @@ pub struct GenParams {
     pub ignore_eos: bool,
     /// Decode each token's text and its alternatives (for `logprobs`).
     pub want_token_text: bool,
-    /// Constrain the output to a well-formed forced tool call.
+    /// The output continues a forced tool call (how it is parsed); its constraint is `grammar`.
     pub forced_call: Option<crate::output::ForcedCall>,
-    /// Constrain the output to a grammar (structured outputs); not with `forced_call`.
+    /// Constrain the output to a grammar: structured outputs, or a forced call's arguments
+    /// under its tool's schema (`structured::compile_forced`).
     pub grammar: Option<vigil_engine::grammar::GrammarConstraint>,
     pub priority: Priority,
     /// Run on (and maybe save to) a session's KV.
@@ -152,15 +152,9 @@ pub fn start(
         stop_token_ids: state.tokenizer.eos_token_ids().to_vec(),
         ignore_eos: params.ignore_eos,
     };
-    type Constraint = Box<dyn vigil_engine::constraint::TokenConstraint>;
-    let constraint = match (&params.forced_call, state.tool_format, params.grammar) {
-        (Some(fc), Some(format), _) => Some(Box::new(ForcedToolCall::new(
-            state.token_texts(),
-            fc.literals(format),
-        )) as Constraint),
-        (_, _, Some(g)) => Some(Box::new(g) as Constraint),
-        _ => None,
-    };
+    let constraint = params
+        .grammar
+        .map(|g| Box::new(g) as Box<dyn vigil_engine::constraint::TokenConstraint>);
     let tail_start = prompt_len.saturating_sub(4);
     let prompt_tail = params.prompt[tail_start..].to_vec();
     let stream = state

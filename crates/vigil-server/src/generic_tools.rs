@@ -27,7 +27,10 @@ pub fn tools_block(tools: &[Value]) -> String {
 }
 
 fn text_of(m: &Value) -> String {
-    m.get("content").and_then(Value::as_str).unwrap_or("").to_string()
+    m.get("content")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
 }
 
 /// `messages` (the template's shape: an array of `{"role", "content", "tool_calls"?, ...}`)
@@ -40,7 +43,12 @@ pub fn rewrite(messages: &Value, tools: Option<&Value>) -> Value {
         match role {
             "assistant" => {
                 let mut text = text_of(&m);
-                for c in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                for c in m
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
                     let f = &c["function"];
                     let call = json!({"name": f["name"], "arguments": f["arguments"]});
                     if !text.is_empty() {
@@ -118,12 +126,17 @@ mod tests {
             out[3]["content"],
             "<tool_response>\ncold\n</tool_response>\n<tool_response>\nwarm\n</tool_response>"
         );
-        assert!(out.iter().all(|m| m.get("tool_calls").is_none() && m.get("from_tools").is_none()));
+        assert!(out
+            .iter()
+            .all(|m| m.get("tool_calls").is_none() && m.get("from_tools").is_none()));
     }
 
     #[test]
     fn without_a_system_message_one_is_added() {
-        let out = rewrite(&json!([{"role": "user", "content": "hi"}]), Some(&weather()));
+        let out = rewrite(
+            &json!([{"role": "user", "content": "hi"}]),
+            Some(&weather()),
+        );
         assert_eq!(out[0]["role"], "system");
         assert!(out[0]["content"].as_str().unwrap().starts_with("# Tools"));
         let none = rewrite(&json!([{"role": "user", "content": "hi"}]), None);

@@ -8,6 +8,7 @@ pub mod edge;
 pub mod error;
 pub mod extract;
 pub mod generate;
+pub mod generic_tools;
 pub mod ids;
 pub mod listener;
 pub mod metrics;

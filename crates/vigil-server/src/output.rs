@@ -53,39 +53,55 @@ impl ToolCall {
 pub struct ForcedCall {
     /// The named function, or `None` for "any of the tools".
     pub name: Option<String>,
-    /// Every offered tool's name (the choices when `name` is `None`).
-    pub tool_names: Vec<String>,
+    /// Every offered tool: its name and its parameters' JSON schema (`{"type": "object"}`
+    /// when it gives none).
+    pub tools: Vec<(String, serde_json::Value)>,
 }
 
 impl ForcedCall {
-    /// What the output must start with before the arguments object: nothing when the prompt
-    /// named the function, else one of `NAME", "arguments": ` (in the format's own words).
-    pub fn literals(&self, format: ToolCallFormat) -> Vec<String> {
-        if self.name.is_some() {
-            return Vec::new();
+    /// `tools` in the chat template's shape (`[{"function": {"name", "parameters"}}]`).
+    pub fn new(name: Option<String>, tools: Option<&serde_json::Value>) -> Self {
+        let tools = (tools.and_then(|t| t.as_array()).into_iter().flatten())
+            .filter_map(|t| {
+                let f = t.get("function")?;
+                let name = f.get("name")?.as_str()?.to_string();
+                let schema = (f.get("parameters").cloned())
+                    .filter(|p| p.is_object())
+                    .unwrap_or_else(|| serde_json::json!({"type": "object"}));
+                Some((name, schema))
+            })
+            .collect();
+        ForcedCall { name, tools }
+    }
+
+    /// What the output after the prompt's opening must be: the arguments object under the
+    /// named tool's schema; or, for any tool, one of `NAME", "arguments": ` (in the format's
+    /// own words) followed by that tool's arguments.
+    pub fn grammar(&self, format: ToolCallFormat) -> vigil_engine::grammar::GrammarSpec {
+        use vigil_engine::grammar::{compact_json, GrammarSpec};
+        let object = serde_json::json!({"type": "object"});
+        if let Some(name) = &self.name {
+            let schema = (self.tools.iter())
+                .find(|(n, _)| n == name)
+                .map_or(object, |(_, s)| s.clone());
+            return GrammarSpec::JsonSchema(schema);
         }
         let open = forced_call_prefix(format, None);
-        self.tool_names
-            .iter()
-            .filter_map(|n| {
-                forced_call_prefix(format, Some(n))
-                    .strip_prefix(open.as_str())
-                    .map(str::to_string)
-            })
-            .collect()
+        let mut rules = Vec::new();
+        let mut alts = Vec::new();
+        for (i, (name, schema)) in self.tools.iter().enumerate() {
+            let Some(literal) = forced_call_prefix(format, Some(name))
+                .strip_prefix(open.as_str())
+                .map(str::to_string)
+            else {
+                continue;
+            };
+            let quoted = serde_json::to_string(&literal).unwrap_or_default();
+            rules.push(format!("call_{i}: {quoted} %json {}", compact_json(schema)));
+            alts.push(format!("call_{i}"));
+        }
+        GrammarSpec::Lark(format!("start: {}\n{}", alts.join(" | "), rules.join("\n")))
     }
-}
-
-/// The names of tools in the chat template's shape (`[{"function": {"name": ...}}]`).
-pub fn tool_names(tools: Option<&serde_json::Value>) -> Vec<String> {
-    tools
-        .and_then(|t| t.as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|t| t.pointer("/function/name")?.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 pub struct OutputParser {

@@ -43,7 +43,12 @@ pub async fn render_chat_opening(
         )),
         _ => None,
     };
-    let (messages, tools, kwargs) = (spec.messages.clone(), spec.tools.cloned(), spec.kwargs);
+    let (mut messages, mut tools, kwargs) =
+        (spec.messages.clone(), spec.tools.cloned(), spec.kwargs);
+    if state.generic_tools {
+        messages = crate::generic_tools::rewrite(&messages, tools.as_ref());
+        tools = None;
+    }
     let job_state = state.clone();
     let (ids, starts_in_thinking) = crate::cpu_jobs::run(state, move || {
         let mut text = template

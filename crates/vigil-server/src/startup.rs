@@ -296,9 +296,13 @@ fn build_state(
     let c = &model.config;
     let num_blocks = sizing.num_blocks;
     let template_source = tokenizer.chat_template().map(str::to_string);
-    let tool_format = template_source
+    let detected = template_source
         .as_deref()
         .and_then(vigil_model::tool_parser::ToolCallFormat::detect);
+    // A template without a tool format still gets tools, through the generic prompt.
+    let generic_tools = template_source.is_some() && detected.is_none();
+    let tool_format =
+        detected.or(generic_tools.then_some(vigil_model::tool_parser::ToolCallFormat::Hermes));
     let supports_thinking = template_source
         .as_deref()
         .is_some_and(|s| s.contains("enable_thinking") && s.contains("<think>"));
@@ -344,8 +348,8 @@ fn build_state(
         config,
         metrics: Arc::new(ServerMetrics::default()),
         tool_format,
+        generic_tools,
         supports_thinking,
-        token_texts: std::sync::OnceLock::new(),
         grammars: std::sync::OnceLock::new(),
     }))
 }

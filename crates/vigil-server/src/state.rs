@@ -48,9 +48,10 @@ pub struct AppState {
     pub config: ServerConfig,
     pub metrics: Arc<ServerMetrics>,
     pub tool_format: Option<vigil_model::tool_parser::ToolCallFormat>,
+    /// The chat template has no tool-call format of its own: tools and calls are rewritten
+    /// into plain turns in the Hermes syntax (`generic_tools.rs`), and `tool_format` is Hermes.
+    pub generic_tools: bool,
     pub supports_thinking: bool,
-    /// Each token's text alone, built on first use (constrained decoding).
-    pub token_texts: std::sync::OnceLock<vigil_engine::constraint::TokenTexts>,
     /// The grammar tables of structured outputs, built on first use (`structured.rs`).
     pub grammars: std::sync::OnceLock<Result<Arc<vigil_engine::grammar::Grammars>, String>>,
     pub sessions: crate::session::SessionRegistry,
@@ -62,19 +63,6 @@ pub struct AppState {
 pub type SharedState = Arc<AppState>;
 
 impl AppState {
-    pub fn token_texts(&self) -> vigil_engine::constraint::TokenTexts {
-        self.token_texts
-            .get_or_init(|| {
-                let n = self.tokenizer.vocab_size();
-                Arc::new(
-                    (0..n as u32)
-                        .map(|id| self.tokenizer.decode(&[id], false).unwrap_or_default())
-                        .collect(),
-                )
-            })
-            .clone()
-    }
-
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }

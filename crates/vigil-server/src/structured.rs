@@ -192,6 +192,22 @@ fn grammars(state: &SharedState) -> Result<Arc<Grammars>, ApiError> {
         .map_err(|e| ApiError::internal(format!("structured outputs are unavailable: {e}")))
 }
 
+/// The constraint of a forced tool call: its arguments under the tool's schema (a 400 on
+/// `field` when a tool's schema cannot be compiled).
+pub async fn compile_forced(
+    state: &SharedState,
+    field: &'static str,
+    call: &crate::output::ForcedCall,
+) -> Result<GrammarConstraint, ApiError> {
+    let format = state.tool_format.ok_or_else(|| {
+        ApiError::invalid(
+            field,
+            "this model has no tool-call format, so a call cannot be forced",
+        )
+    })?;
+    compile(state, field, call.grammar(format)).await
+}
+
 /// Compile `spec` for one request, off the async workers; a 400 on `field` when it is bad.
 pub async fn compile(
     state: &SharedState,

@@ -73,10 +73,7 @@ async fn build_prompt(
             ToolMode::Named(n) => Some(n.clone()),
             _ => None,
         };
-        Some(crate::output::ForcedCall {
-            name,
-            tool_names: crate::output::tool_names(conv.tools.as_ref()),
-        })
+        Some(crate::output::ForcedCall::new(name, conv.tools.as_ref()))
     } else {
         None
     };
@@ -119,6 +116,10 @@ async fn handle(
     let sampling = sampling_params(&common, state.tokenizer.vocab_size(), None)?;
     let stops = stop_strings(&common.stop, "stop_sequences")?;
     let (prompt, tool_format) = build_prompt(&state, &conv).await?;
+    let grammar = match &prompt.forced {
+        Some(call) => Some(crate::structured::compile_forced(&state, "tools", call).await?),
+        None => None,
+    };
     let thinking = state.supports_thinking.then_some(prompt.starts_in_thinking);
     let parser = OutputParser::new(thinking, tool_format, prompt.forced.as_ref());
     let num_prompt = prompt.ids.len();
@@ -133,7 +134,7 @@ async fn handle(
             ignore_eos: req.ignore_eos.unwrap_or(false),
             want_token_text: false,
             forced_call: prompt.forced.clone(),
-            grammar: None,
+            grammar,
             priority: vigil_engine::sequence::Priority::Foreground,
             pin,
             on_finish,

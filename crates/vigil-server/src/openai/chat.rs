@@ -82,10 +82,6 @@ async fn handle(
             kwargs.insert("enable_thinking".into(), Value::Bool(false));
         }
     }
-    let grammar = match structured {
-        Some((field, spec)) => Some(crate::structured::compile(&state, field, spec).await?),
-        None => None,
-    };
     let tool_format = if tools.is_some() {
         state.tool_format
     } else {
@@ -107,12 +103,14 @@ async fn handle(
                 ToolMode::Named(n) => Some(n.clone()),
                 _ => None,
             };
-            forced_call = Some(crate::output::ForcedCall {
-                name,
-                tool_names: crate::output::tool_names(tools.as_ref()),
-            });
+            forced_call = Some(crate::output::ForcedCall::new(name, tools.as_ref()));
         }
     }
+    let grammar = match (structured, &forced_call) {
+        (Some((field, spec)), _) => Some(crate::structured::compile(&state, field, spec).await?),
+        (None, Some(call)) => Some(crate::structured::compile_forced(&state, "tools", call).await?),
+        (None, None) => None,
+    };
     let logprobs = req.logprobs.unwrap_or(false);
     if let Some(n) = req.top_logprobs {
         if n > MAX_TOP_LOGPROBS {
