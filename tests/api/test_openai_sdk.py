@@ -210,10 +210,15 @@ def test_chat_logprobs_streamed_equal_non_streamed(target):
     client, model, _ = target
     kwargs = dict(model=model, messages=CHAT, temperature=0, max_tokens=6, logprobs=True, top_logprobs=2)
     whole = client.chat.completions.create(**kwargs)
-    streamed = []
+    streamed, content_chunks, with_logprobs = [], 0, 0
     for c in client.chat.completions.create(**kwargs, stream=True):
+        if c.choices and c.choices[0].delta.content:
+            content_chunks += 1
+            with_logprobs += bool(c.choices[0].logprobs and c.choices[0].logprobs.content)
         if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content:
             streamed.extend(c.choices[0].logprobs.content)
+    # Each delta carries its own tokens' logprobs, not all of them at the end.
+    assert content_chunks >= 3 and with_logprobs >= content_chunks - 1, (content_chunks, with_logprobs)
     assert [(e.token, round(e.logprob, 4)) for e in streamed] == [
         (e.token, round(e.logprob, 4)) for e in whole.choices[0].logprobs.content
     ]

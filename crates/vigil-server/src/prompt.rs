@@ -18,6 +18,19 @@ pub struct ChatPromptSpec<'a> {
     pub tools: Option<&'a Value>,
     pub kwargs: Map<String, Value>,
     pub forced: Option<crate::output::ForcedCall>,
+    /// Continue the final assistant message (a prefill) instead of opening a new turn:
+    /// vLLM's `continue_final_message`, Anthropic's trailing assistant message.
+    pub continue_final: bool,
+}
+
+/// The text of `messages`' last entry when it is an assistant message with text: what a
+/// continuation extends.
+pub fn final_assistant_text(messages: &Value) -> Option<String> {
+    let last = messages.as_array()?.last()?;
+    let text = (last.get("role")? == "assistant")
+        .then(|| last.get("content")?.as_str())
+        .flatten()?;
+    (!text.is_empty()).then(|| text.to_string())
 }
 
 pub async fn render_chat(
@@ -45,6 +58,17 @@ pub async fn render_chat_opening(
     };
     let (mut messages, mut tools, kwargs) =
         (spec.messages.clone(), spec.tools.cloned(), spec.kwargs);
+    let continued = match spec.continue_final {
+        true => Some(final_assistant_text(&messages).ok_or_else(|| {
+            ApiError::invalid(
+                "messages",
+                "continuing the final message needs the last message to be an assistant message with text",
+            )
+        })?),
+        false => None,
+    };
+    let add_generation_prompt = add_generation_prompt && continued.is_none();
+    let continues = continued.is_some();
     if state.generic_tools {
         messages = crate::generic_tools::rewrite(&messages, tools.as_ref());
         tools = None;
@@ -59,6 +83,17 @@ pub async fn render_chat_opening(
                     format!("the chat template refused the conversation: {e}"),
                 )
             })?;
+        if let Some(c) = &continued {
+            // The turn's closing (end-of-turn token, newline) comes after its text: cut it
+            // there, so the model goes on writing the same message.
+            let end = text.rfind(c.as_str()).map(|i| i + c.len()).ok_or_else(|| {
+                ApiError::invalid(
+                    "messages",
+                    "the chat template does not render the final assistant message verbatim, so it cannot be continued",
+                )
+            })?;
+            text.truncate(end);
+        }
         let starts_in_thinking = text.trim_end().ends_with("<think>");
         text.push_str(forced_prefix.as_deref().unwrap_or(""));
         // Rendering is cheap next to tokenizing: a text too long by its bytes alone stops here.
@@ -71,7 +106,7 @@ pub async fn render_chat_opening(
     .await?;
     Ok(ChatPrompt {
         ids,
-        starts_in_thinking: starts_in_thinking && spec.forced.is_none(),
+        starts_in_thinking: starts_in_thinking && spec.forced.is_none() && !continues,
         forced: spec.forced,
     })
 }

@@ -83,6 +83,9 @@ async fn build_prompt(
             messages: &conv.messages,
             tools: conv.tools.as_ref(),
             kwargs,
+            // A trailing assistant message is a prefill: the reply continues it.
+            continue_final: forced.is_none()
+                && crate::prompt::final_assistant_text(&conv.messages).is_some(),
             forced,
         },
     )

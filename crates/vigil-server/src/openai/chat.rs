@@ -8,7 +8,7 @@ use crate::error::{ApiError, Flavor};
 use crate::extract::parse_body;
 use crate::generate::{self, Finish, GenEvent, GenParams, TokenInfo, Usage};
 use crate::output::{CollectedText, OutDelta, OutputParser, ToolCall};
-use crate::prompt::{render_chat, template_kwargs, ChatPromptSpec};
+use crate::prompt::{render_chat_opening, template_kwargs, ChatPromptSpec};
 use crate::sse;
 use crate::state::SharedState;
 use axum::body::Bytes;
@@ -133,14 +133,29 @@ async fn handle(
         Some(_) => max_tokens(req.max_tokens, "max_tokens")?,
         None => max_tokens(req.max_completion_tokens, "max_completion_tokens")?,
     };
-    let prompt = render_chat(
+    let continue_final = req.continue_final_message.unwrap_or(false);
+    if continue_final && req.add_generation_prompt == Some(true) {
+        return Err(ApiError::invalid(
+            "add_generation_prompt",
+            "must be false with `continue_final_message` (the final message is continued, no new turn is opened)",
+        ));
+    }
+    if continue_final && forced_call.is_some() {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "cannot be combined with a forced tool call, whose opening ends the prompt",
+        ));
+    }
+    let prompt = render_chat_opening(
         &state,
         ChatPromptSpec {
             messages: &messages,
             tools: tools.as_ref(),
             kwargs,
             forced: forced_call.clone(),
+            continue_final,
         },
+        req.add_generation_prompt.unwrap_or(true),
     )
     .await?;
     let thinking = state.supports_thinking.then_some(prompt.starts_in_thinking);
@@ -330,14 +345,24 @@ fn stream_response(
             }
             c.to_string()
         };
-        let send_deltas = |deltas: Vec<OutDelta>| -> bool {
+        // Each content chunk carries the logprobs of the tokens behind it: those received since
+        // the last content chunk (text the parser held back goes out with the chunk that
+        // releases it). What no content chunk took goes on the chunk with the finish reason.
+        let send_deltas = |deltas: Vec<OutDelta>, pending: &mut Vec<TokenInfo>| -> bool {
             for d in deltas {
-                let delta = match d {
-                    OutDelta::Content(s) => json!({"content": s}),
-                    OutDelta::Reasoning(s) if plan.include_reasoning => json!({"reasoning": s}),
+                let (delta, content) = match d {
+                    OutDelta::Content(s) => (json!({"content": s}), true),
+                    OutDelta::Reasoning(s) if plan.include_reasoning => {
+                        (json!({"reasoning": s}), false)
+                    }
                     OutDelta::Reasoning(_) => continue,
                 };
-                if tx.send(chunk(delta, Value::Null, Value::Null)).is_err() {
+                let lp = if plan.logprobs && content && !pending.is_empty() {
+                    logprobs_json(&std::mem::take(pending))
+                } else {
+                    Value::Null
+                };
+                if tx.send(chunk(delta, Value::Null, lp)).is_err() {
                     return false;
                 }
             }
@@ -359,7 +384,7 @@ fn stream_response(
             match ev {
                 GenEvent::Delta { text, tokens: t } => {
                     tokens.extend(t);
-                    if !send_deltas(parser.push(&text)) {
+                    if !send_deltas(parser.push(&text), &mut tokens) {
                         return;
                     }
                 }
@@ -370,7 +395,7 @@ fn stream_response(
                 }
                 GenEvent::Done { finish, usage } => {
                     let (rest, calls) = parser.finish();
-                    if !send_deltas(rest) {
+                    if !send_deltas(rest, &mut tokens) {
                         return;
                     }
                     let calls = limit_calls(calls, &plan);
@@ -383,7 +408,7 @@ fn stream_response(
                         let _ = tx.send(chunk(opener, Value::Null, Value::Null));
                         let _ = tx.send(chunk(args, Value::Null, Value::Null));
                     }
-                    let lp = if plan.logprobs {
+                    let lp = if plan.logprobs && !tokens.is_empty() {
                         logprobs_json(&tokens)
                     } else {
                         Value::Null

@@ -87,6 +87,7 @@ async fn count(
                 tools: tools.as_ref(),
                 kwargs,
                 forced: None,
+                continue_final: false,
             };
             let with_opening = req.add_generation_prompt.unwrap_or(true);
             render_chat_opening(state, spec, with_opening).await?.ids

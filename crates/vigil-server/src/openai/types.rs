@@ -67,6 +67,9 @@ pub struct ChatCompletionRequest {
     pub tool_choice: Option<ToolChoice>,
     pub parallel_tool_calls: Option<bool>,
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// vLLM's: `false` with `continue_final_message` continues the last assistant message.
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
     pub reasoning_effort: Option<String>,
     pub include_reasoning: Option<bool>,
     pub separate_reasoning: Option<bool>,

@@ -124,6 +124,7 @@ async fn warm_inner(
             tools: tools.as_ref(),
             kwargs,
             forced: None,
+            continue_final: false,
         },
     )
     .await?
