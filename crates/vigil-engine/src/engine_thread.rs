@@ -58,6 +58,8 @@ pub enum RequestEvent {
         num_output_tokens: usize,
         /// With `score_prompt_from`: the pick after each scored prompt row (token, top).
         prompt_scores: Vec<(u32, Vec<(u32, f32)>)>,
+        /// Beside each scored row: the prompt's own next token's log-probability and rank.
+        prompt_logprobs: Vec<(f32, u32)>,
         /// For a request that saves to a session pin: the KV tokens the pin holds after the
         /// save (the caller commits its mirror on this reply).
         pin_tokens: Option<usize>,
@@ -551,6 +553,7 @@ impl EngineLoop {
                         prompt_scores: (seq.prompt_scores.into_iter())
                             .map(|s| (s.token, s.top_logprobs))
                             .collect(),
+                        prompt_logprobs: seq.prompt_logprobs,
                         pin_tokens,
                     });
                 }

@@ -131,6 +131,9 @@ pub struct SampleOutput {
     /// The `params.logprobs` most likely tokens, by log-probability descending (ties: lower id
     /// first).
     pub top_logprobs: Vec<(u32, f32)>,
+    /// The row's log normalizer after bias and penalties: any token's log-probability is
+    /// `logits[id] - log_z` with the logits `sample` left (as `logprob` is computed).
+    pub log_z: f32,
 }
 
 /// Per-sequence sampling state: the RNG and reusable scratch buffers.
@@ -204,6 +207,7 @@ impl Sampler {
             token,
             logprob: logits[token as usize] - log_z,
             top_logprobs,
+            log_z,
         }
     }
 

@@ -395,8 +395,12 @@ impl Scheduler {
             // only shared blocks, so it must get the table back if it is not admitted now.
             let seeded = seq.table.take();
             // A preempted sequence looks up its output too: recompute then is mostly hits.
-            let hits = (self.config.enable_prefix_cache)
-                .then(|| pool.table_with_prefix(&seq.token_ids, 0));
+            // Scored prompt rows must be computed: a hit never covers the first of them.
+            let lookup = match seq.params.score_prompt_from {
+                Some(from) => &seq.token_ids[..(from + 1).min(seq.token_ids.len())],
+                None => &seq.token_ids[..],
+            };
+            let hits = (self.config.enable_prefix_cache).then(|| pool.table_with_prefix(lookup, 0));
             // Another session or request may have cached more of the prompt than the pin
             // holds (a conversation warmed elsewhere): take whichever covers more, and keep
             // the seeded table to give back if the sequence is not admitted (the lookup took

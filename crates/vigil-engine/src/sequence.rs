@@ -90,6 +90,10 @@ pub struct Sequence {
     /// With `params.score_prompt_from`: the sampler's pick after each scored prompt row, in
     /// position order from that position.
     pub prompt_scores: Vec<SampleOutput>,
+    /// Beside each of `prompt_scores`: the log-probability of the prompt's own next token
+    /// there, and its rank (1 = the most likely) — the prompt's scores (`echo`,
+    /// `prompt_logprobs`, perplexity).
+    pub prompt_logprobs: Vec<(f32, u32)>,
 }
 
 impl Sequence {
@@ -113,6 +117,7 @@ impl Sequence {
             constraint_dead_end: false,
             pin: None,
             prompt_scores: Vec::new(),
+            prompt_logprobs: Vec::new(),
         }
     }
 
@@ -166,8 +171,18 @@ impl Sequence {
 
     /// Score one prompt row's logits (what the sampler would pick there) without appending.
     pub fn score_prompt_row(&mut self, logits: &mut [f32]) {
+        let row = self.params.score_prompt_from.unwrap_or(0) + self.prompt_scores.len();
         let prompt = &self.token_ids[..self.num_prompt_tokens];
         let out = self.sampler.sample(logits, &self.params, prompt, &[]);
+        if let Some(&next) = prompt.get(row + 1) {
+            // The same operation as a generated token's `logprob`: equal bits for the same row.
+            let l = logits
+                .get(next as usize)
+                .copied()
+                .unwrap_or(f32::NEG_INFINITY);
+            let rank = 1 + logits.iter().filter(|&&x| x > l).count() as u32;
+            self.prompt_logprobs.push((l - out.log_z, rank));
+        }
         self.prompt_scores.push(out);
     }
 

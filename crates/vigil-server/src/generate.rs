@@ -49,6 +49,9 @@ pub struct GenParams {
     /// Constrain the output to a grammar: structured outputs, or a forced call's arguments
     /// under its tool's schema (`structured::compile_forced`).
     pub grammar: Option<vigil_engine::grammar::GrammarConstraint>,
+    /// Score the prompt (`echo`, `prompt_logprobs`): `sampling.score_prompt_from` is 0 and
+    /// `Done` carries the prompt's tokens with their log-probabilities.
+    pub score_prompt: bool,
     pub priority: Priority,
     /// Run on (and maybe save to) a session's KV.
     pub pin: Option<PinUse>,
@@ -67,6 +70,7 @@ impl GenParams {
             want_token_text: false,
             forced_call: None,
             grammar: None,
+            score_prompt: false,
             priority: Priority::Foreground,
             pin: None,
             on_finish: None,
@@ -109,6 +113,9 @@ pub enum GenEvent {
     Done {
         finish: Finish,
         usage: Usage,
+        /// With `GenParams::score_prompt`: every prompt token after the first, with its
+        /// log-probability given the tokens before it, its top alternatives and its rank.
+        prompt: Vec<(TokenInfo, u32)>,
     },
     Failed(ApiError),
 }
@@ -116,8 +123,12 @@ pub enum GenEvent {
 /// Checks admission and starts the request; errors here are returned before anything streams.
 pub fn start(
     state: &SharedState,
-    params: GenParams,
+    mut params: GenParams,
 ) -> Result<mpsc::UnboundedReceiver<GenEvent>, ApiError> {
+    let scored_prompt = params.score_prompt.then(|| params.prompt.clone());
+    if params.score_prompt {
+        params.sampling.score_prompt_from = Some(0);
+    }
     let prompt_len = params.prompt.len();
     if prompt_len == 0 {
         return Err(ApiError::bad_request("the prompt is empty"));
@@ -193,6 +204,7 @@ pub fn start(
             context_capped,
             arrived,
             foreground,
+            scored_prompt,
         };
         let (outcome, finished, done) = drive(&state, stream, &tx, ctx).await;
         // The turn ends (a session's next turn may begin) before the client can see its end.
@@ -247,6 +259,8 @@ struct DriveCtx {
     arrived: Instant,
     /// Record latency metrics (background work would skew the client-facing figures).
     foreground: bool,
+    /// The prompt, when its scores are wanted.
+    scored_prompt: Option<Vec<u32>>,
 }
 
 async fn drive(
@@ -317,6 +331,7 @@ async fn drive(
                             cached_tokens,
                             completion_tokens: num_tokens,
                         },
+                        prompt: Vec::new(),
                     };
                     let finished = Finished {
                         reason: FinishReason::Stop,
@@ -344,6 +359,7 @@ async fn drive(
                 num_cached_tokens,
                 num_output_tokens,
                 prompt_scores,
+                prompt_logprobs,
                 ..
             } => {
                 let tail = detok.flush();
@@ -360,6 +376,16 @@ async fn drive(
                         context_full: context_capped,
                     },
                 };
+                let prompt = match &ctx.scored_prompt {
+                    Some(ids) => (ids.iter().skip(1))
+                        .zip(&prompt_scores)
+                        .zip(&prompt_logprobs)
+                        .map(|((&id, (_, top)), &(lp, rank))| {
+                            (token_info(&tokenizer, id, lp, top), rank)
+                        })
+                        .collect(),
+                    None => Vec::new(),
+                };
                 let done = GenEvent::Done {
                     finish,
                     usage: Usage {
@@ -367,6 +393,7 @@ async fn drive(
                         cached_tokens: num_cached_tokens,
                         completion_tokens: num_output_tokens,
                     },
+                    prompt,
                 };
                 let finished = Finished {
                     reason,

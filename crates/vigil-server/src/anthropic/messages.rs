@@ -138,6 +138,7 @@ async fn handle(
             want_token_text: false,
             forced_call: prompt.forced.clone(),
             grammar,
+            score_prompt: false,
             priority: vigil_engine::sequence::Priority::Foreground,
             pin,
             on_finish,
@@ -209,7 +210,7 @@ async fn whole(
         match ev {
             GenEvent::Delta { text: t, .. } => collected.push(parser.push(&t)),
             GenEvent::Failed(e) => return Err(e),
-            GenEvent::Done { finish, usage } => {
+            GenEvent::Done { finish, usage, .. } => {
                 let (rest, mut calls) = parser.finish();
                 collected.push(rest);
                 let CollectedText {
@@ -350,7 +351,7 @@ fn stream(
                     let _ = tx.send(format!("error\n{body}"));
                     return;
                 }
-                GenEvent::Done { finish, usage } => {
+                GenEvent::Done { finish, usage, .. } => {
                     let (rest, mut calls) = parser.finish();
                     emit(rest, &mut open, &mut next_index);
                     if !parallel {

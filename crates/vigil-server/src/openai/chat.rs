@@ -181,6 +181,7 @@ async fn handle(
             want_token_text: logprobs,
             forced_call: plan.forced.clone(),
             grammar,
+            score_prompt: false,
             priority: vigil_engine::sequence::Priority::Foreground,
             pin,
             on_finish,
@@ -273,7 +274,7 @@ async fn whole_response(
                 collected.push(parser.push(&text));
             }
             GenEvent::Failed(e) => return Err(e),
-            GenEvent::Done { finish, usage } => {
+            GenEvent::Done { finish, usage, .. } => {
                 let (rest, calls) = parser.finish();
                 collected.push(rest);
                 let CollectedText { content, reasoning } = collected;
@@ -393,7 +394,7 @@ fn stream_response(
                     let _ = tx.send("[DONE]".into());
                     return;
                 }
-                GenEvent::Done { finish, usage } => {
+                GenEvent::Done { finish, usage, .. } => {
                     let (rest, calls) = parser.finish();
                     if !send_deltas(rest, &mut tokens) {
                         return;

@@ -44,15 +44,33 @@ async fn handle(
             "only best_of = 1 is supported",
         ));
     }
-    if req.echo == Some(true) {
-        return Err(ApiError::invalid("echo", "`echo` is not supported"));
-    }
     let logprobs = req.logprobs;
     if logprobs.is_some_and(|n| n > MAX_LOGPROBS) {
         return Err(ApiError::invalid("logprobs", "must be in [0, 20]"));
     }
+    let echo = req.echo == Some(true);
+    let prompt_logprobs = req.prompt_logprobs;
+    if prompt_logprobs.is_some_and(|n| n > MAX_LOGPROBS) {
+        return Err(ApiError::invalid("prompt_logprobs", "must be in [0, 20]"));
+    }
+    let score_prompt = echo || prompt_logprobs.is_some();
+    let scoring_field = if echo { "echo" } else { "prompt_logprobs" };
+    if score_prompt && req.stream == Some(true) {
+        return Err(ApiError::invalid(
+            scoring_field,
+            "prompt scores are not streamed: ask without `stream`",
+        ));
+    }
+    if score_prompt && req.stop.is_some() {
+        return Err(ApiError::invalid(
+            scoring_field,
+            "prompt scores cannot be combined with `stop` strings",
+        ));
+    }
     let vocab = state.tokenizer.vocab_size();
-    let sampling = sampling_params(&req.common(), vocab, logprobs)?;
+    // The sampler's top list serves both the completion's and the prompt's alternatives.
+    let top = logprobs.max(prompt_logprobs);
+    let sampling = sampling_params(&req.common(), vocab, top)?;
     let structured = req.structured().spec()?;
     let prompt = match req.prompt {
         PromptField::Text(t) => encode(&state, t).await?,
@@ -76,6 +94,13 @@ async fn handle(
         Some((field, spec)) => Some(crate::structured::compile(&state, field, spec).await?),
         None => None,
     };
+    let scoring = score_prompt.then(|| Scoring {
+        echo,
+        logprobs,
+        prompt_logprobs,
+        first: prompt[0],
+        text: state.tokenizer.decode(&prompt, false).unwrap_or_default(),
+    });
     let rx = generate::start(
         &state,
         GenParams {
@@ -87,6 +112,7 @@ async fn handle(
             want_token_text: logprobs.is_some(),
             forced_call: None,
             grammar,
+            score_prompt,
             priority: vigil_engine::sequence::Priority::Foreground,
             pin: None,
             on_finish: None,
@@ -96,16 +122,9 @@ async fn handle(
     let id = crate::ids::new_id("cmpl-");
     let created = crate::ids::unix_now();
     if req.stream.unwrap_or(false) {
-        Ok(stream(
-            state,
-            rx,
-            id,
-            created,
-            include_usage,
-            logprobs.is_some(),
-        ))
+        Ok(stream(state, rx, id, created, include_usage, logprobs))
     } else {
-        whole(state, rx, id, created, logprobs.is_some()).await
+        whole(state, rx, id, created, logprobs, scoring).await
     }
 }
 
@@ -120,8 +139,8 @@ fn finish_reason(f: &Finish) -> &'static str {
     }
 }
 
-/// The legacy completions logprobs shape.
-fn logprobs_json(tokens: &[TokenInfo]) -> Value {
+/// The legacy completions logprobs shape, with `n` alternatives per token.
+fn logprobs_json(tokens: &[TokenInfo], n: u32) -> Value {
     let mut offset = 0;
     let mut offsets = Vec::new();
     for t in tokens {
@@ -132,10 +151,76 @@ fn logprobs_json(tokens: &[TokenInfo]) -> Value {
         "tokens": tokens.iter().map(|t| t.text.clone()).collect::<Vec<_>>(),
         "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
         "top_logprobs": tokens.iter().map(|t| {
-            t.top.iter().map(|(_, s, lp)| (s.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()
+            (t.top.iter().take(n as usize)).map(|(_, s, lp)| (s.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()
         }).collect::<Vec<_>>(),
         "text_offset": offsets,
     })
+}
+
+/// What a request that scores its prompt asked for, and the prompt's first token and text.
+struct Scoring {
+    echo: bool,
+    logprobs: Option<u32>,
+    prompt_logprobs: Option<u32>,
+    first: u32,
+    text: String,
+}
+
+/// `echo` with `logprobs`: the prompt's tokens come first, the first without a log-probability
+/// (nothing precedes it), each list trimmed to the asked number of alternatives.
+fn echo_logprobs_json(
+    state: &SharedState,
+    s: &Scoring,
+    prompt: &[(TokenInfo, u32)],
+    generated: &[TokenInfo],
+) -> Value {
+    let n = s.logprobs.unwrap_or(0) as usize;
+    let first = state
+        .tokenizer
+        .decode(&[s.first], false)
+        .unwrap_or_default();
+    let rest = prompt.iter().map(|(t, _)| t).chain(generated);
+    let mut texts = vec![first.clone()];
+    let mut lps = vec![Value::Null];
+    let mut tops = vec![Value::Null];
+    for t in rest {
+        texts.push(t.text.clone());
+        lps.push(json!(t.logprob));
+        let top: serde_json::Map<String, Value> = (t.top.iter().take(n))
+            .map(|(_, s, lp)| (s.clone(), json!(lp)))
+            .collect();
+        tops.push(Value::Object(top));
+    }
+    let mut offset = 0;
+    let offsets: Vec<usize> = (texts.iter())
+        .map(|t| {
+            let o = offset;
+            offset += t.len();
+            o
+        })
+        .collect();
+    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first token, then per position the prompt's token
+/// and the top alternatives, each `{id: {logprob, rank, decoded_token}}`.
+fn prompt_logprobs_json(k: u32, prompt: &[(TokenInfo, u32)]) -> Value {
+    let mut out = vec![Value::Null];
+    for (t, rank) in prompt {
+        let mut m = serde_json::Map::new();
+        for (i, (id, text, lp)) in t.top.iter().take(k as usize).enumerate() {
+            m.insert(
+                id.to_string(),
+                json!({"logprob": lp, "rank": i + 1, "decoded_token": text}),
+            );
+        }
+        m.insert(
+            t.id.to_string(),
+            json!({"logprob": t.logprob, "rank": rank, "decoded_token": t.text}),
+        );
+        out.push(Value::Object(m));
+    }
+    Value::Array(out)
 }
 
 async fn whole(
@@ -143,7 +228,8 @@ async fn whole(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
     id: String,
     created: u64,
-    logprobs: bool,
+    logprobs: Option<u32>,
+    scoring: Option<Scoring>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
     let mut tokens = Vec::new();
@@ -157,18 +243,37 @@ async fn whole(
                 tokens.extend(tk);
             }
             GenEvent::Failed(e) => return Err(e),
-            GenEvent::Done { finish, usage } => {
+            GenEvent::Done {
+                finish,
+                usage,
+                prompt,
+            } => {
+                let mut lp = match logprobs {
+                    Some(n) => logprobs_json(&tokens, n),
+                    None => Value::Null,
+                };
+                let mut choice = json!({"index": 0});
+                if let Some(s) = &scoring {
+                    if s.echo {
+                        text = format!("{}{text}", s.text);
+                        if logprobs.is_some() {
+                            lp = echo_logprobs_json(&state, s, &prompt, &tokens);
+                        }
+                    }
+                    if let Some(k) = s.prompt_logprobs {
+                        choice["prompt_logprobs"] = prompt_logprobs_json(k, &prompt);
+                    }
+                }
+                choice["text"] = json!(text);
+                choice["logprobs"] = lp;
+                choice["finish_reason"] = json!(finish_reason(&finish));
                 return Ok(axum::Json(json!({
                     "id": id, "object": "text_completion", "created": created,
                     "model": state.model_id,
-                    "choices": [{
-                        "index": 0, "text": text,
-                        "logprobs": if logprobs { logprobs_json(&tokens) } else { Value::Null },
-                        "finish_reason": finish_reason(&finish),
-                    }],
+                    "choices": [choice],
                     "usage": usage_json(&usage),
                 }))
-                .into_response())
+                .into_response());
             }
         }
     }
@@ -181,7 +286,7 @@ fn stream(
     id: String,
     created: u64,
     include_usage: bool,
-    logprobs: bool,
+    logprobs: Option<u32>,
 ) -> Response {
     let (tx, events) = tokio::sync::mpsc::unbounded_channel::<String>();
     let response = sse::data_stream(events, &state.closing);
@@ -199,10 +304,9 @@ fn stream(
         while let Some(ev) = rx.recv().await {
             match ev {
                 GenEvent::Delta { text, tokens } => {
-                    let lp = if logprobs {
-                        logprobs_json(&tokens)
-                    } else {
-                        Value::Null
+                    let lp = match logprobs {
+                        Some(n) => logprobs_json(&tokens, n),
+                        None => Value::Null,
                     };
                     if tx.send(chunk(&text, Value::Null, lp)).is_err() {
                         return;
@@ -213,7 +317,7 @@ fn stream(
                     let _ = tx.send("[DONE]".into());
                     return;
                 }
-                GenEvent::Done { finish, usage } => {
+                GenEvent::Done { finish, usage, .. } => {
                     let _ = tx.send(chunk("", json!(finish_reason(&finish)), Value::Null));
                     if include_usage {
                         let _ = tx.send(

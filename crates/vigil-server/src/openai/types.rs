@@ -205,6 +205,8 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     pub logprobs: Option<u32>,
     pub echo: Option<bool>,
+    /// vLLM's: score the prompt, with this many top alternatives per position.
+    pub prompt_logprobs: Option<u32>,
     pub suffix: Option<String>,
     pub best_of: Option<u32>,
     pub user: Option<String>,

@@ -219,7 +219,7 @@ async fn collect_response(
     while let Some(ev) = rx.recv().await {
         match ev {
             GenEvent::Delta { text: t, .. } => text.push_str(&t),
-            GenEvent::Done { finish, usage } => {
+            GenEvent::Done { finish, usage, .. } => {
                 head["text"] = json!(text);
                 head["finish_reason"] = json!(finish_reason(&finish));
                 head["usage"] = usage_json(&usage);
@@ -242,7 +242,7 @@ fn stream_response(
             let frame = match ev {
                 GenEvent::Delta { text, .. } if text.is_empty() => continue,
                 GenEvent::Delta { text, .. } => json!({"text": text}).to_string(),
-                GenEvent::Done { finish, usage } => {
+                GenEvent::Done { finish, usage, .. } => {
                     head["done"] = json!(true);
                     head["finish_reason"] = json!(finish_reason(&finish));
                     head["usage"] = usage_json(&usage);
