@@ -16,7 +16,7 @@ import openai
 import pydantic
 import pytest
 
-from test_openai_sdk import make_client
+from test_openai_sdk import make_client, target  # noqa: F401 (the fixture: both models)
 
 
 class City(pydantic.BaseModel):
@@ -29,15 +29,6 @@ class City(pydantic.BaseModel):
 class Verdict(pydantic.BaseModel):
     answer: Literal["yes", "no"]
     confidence: int = pydantic.Field(ge=1, le=5)
-
-
-@pytest.fixture(scope="module", params=["smollm2", "tiny-qwen3"])
-def target(request):
-    server = request.getfixturevalue("smol" if request.param == "smollm2" else "qwen")
-    client = make_client(server)
-    model = client.models.list().data[0].id
-    yield client, model, server
-    client.close()
 
 
 def test_parse_with_a_pydantic_model_returns_a_valid_instance(target):
