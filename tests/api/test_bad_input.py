@@ -132,8 +132,9 @@ FIELD_CASES = [
     ("max_tokens-neg", CHAT, body_for(CHAT, max_tokens=-3), "max_tokens"),
     ("max_completion_tokens-0", CHAT, body_for(CHAT, drop=("max_tokens",), max_completion_tokens=0),
      "max_completion_tokens"),
-    ("n-2", CHAT, body_for(CHAT, n=2), "n"),
-    ("n-2", COMP, body_for(COMP, n=2), "n"),
+    ("n-17", CHAT, body_for(CHAT, n=17), "n"),
+    ("n-17", COMP, body_for(COMP, n=17), "n"),
+    ("n-2-stream", COMP, body_for(COMP, n=2, stream=True), "n"),
     ("token-id-outside-vocab", COMP, body_for(COMP, prompt=[1, 10**9]), "prompt"),
     # unknown and refused fields
     ("unknown-field", CHAT, body_for(CHAT, frobnicate=1), "frobnicate"),

@@ -53,6 +53,10 @@ pub struct GenParams {
     /// `Done` carries the prompt's tokens with their log-probabilities.
     pub score_prompt: bool,
     pub priority: Priority,
+    /// Told when the first token is out, so the prompt's KV is computed and its full blocks
+    /// are in the prefix cache: the other choices of an `n > 1` request start then, and share
+    /// them.
+    pub first_token: Option<tokio::sync::oneshot::Sender<()>>,
     /// Run on (and maybe save to) a session's KV.
     pub pin: Option<PinUse>,
     pub on_finish: Option<FinishHook>,
@@ -72,6 +76,7 @@ impl GenParams {
             grammar: None,
             score_prompt: false,
             priority: Priority::Foreground,
+            first_token: None,
             pin: None,
             on_finish: None,
         }
@@ -205,6 +210,7 @@ pub fn start(
             arrived,
             foreground,
             scored_prompt,
+            first_token: params.first_token,
         };
         let (outcome, finished, done) = drive(&state, stream, &tx, ctx).await;
         // The turn ends (a session's next turn may begin) before the client can see its end.
@@ -261,13 +267,14 @@ struct DriveCtx {
     foreground: bool,
     /// The prompt, when its scores are wanted.
     scored_prompt: Option<Vec<u32>>,
+    first_token: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 async fn drive(
     state: &SharedState,
     mut stream: vigil_engine::engine_thread::RequestStream,
     tx: &mpsc::UnboundedSender<GenEvent>,
-    ctx: DriveCtx,
+    mut ctx: DriveCtx,
 ) -> (Outcome, Option<Finished>, Option<GenEvent>) {
     let tokenizer = state.tokenizer.clone();
     let mut detok = IncrementalDetokenizer::new(&tokenizer, &ctx.prompt_tail, true);
@@ -304,6 +311,9 @@ async fn drive(
                 }
                 last_token_at = Some(now);
                 num_tokens += 1;
+                if let Some(first) = ctx.first_token.take() {
+                    let _ = first.send(());
+                }
                 if output_ids.is_empty() {
                     first_top.clone_from(&top_logprobs);
                 }

@@ -140,6 +140,7 @@ async fn handle(
             grammar,
             score_prompt: false,
             priority: vigil_engine::sequence::Priority::Foreground,
+            first_token: None,
             pin,
             on_finish,
         },

@@ -106,11 +106,7 @@ async fn handle(
             forced_call = Some(crate::output::ForcedCall::new(name, tools.as_ref()));
         }
     }
-    let grammar = match (structured, &forced_call) {
-        (Some((field, spec)), _) => Some(crate::structured::compile(&state, field, spec).await?),
-        (None, Some(call)) => Some(crate::structured::compile_forced(&state, "tools", call).await?),
-        (None, None) => None,
-    };
+    let grammar = grammar_for(&state, &structured, forced_call.as_ref()).await?;
     let logprobs = req.logprobs.unwrap_or(false);
     if let Some(n) = req.top_logprobs {
         if n > MAX_TOP_LOGPROBS {
@@ -169,31 +165,88 @@ async fn handle(
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         include_reasoning: req.include_reasoning.unwrap_or(true),
     };
+    let n = req.n.unwrap_or(1) as usize;
+    if n > 1 && session.is_some() {
+        return Err(ApiError::invalid("n", "a session turn has one choice"));
+    }
+    if n > 1 && plan.stream {
+        return Err(ApiError::invalid(
+            "n",
+            "several choices are not streamed: ask without `stream`",
+        ));
+    }
     let (pin, on_finish) = crate::session::turn::begin_if(session.as_ref(), &prompt.ids).await?;
-    let rx = generate::start(
-        &state,
-        GenParams {
-            prompt: prompt.ids,
-            sampling,
-            max_tokens,
-            stop_strings: stop,
-            ignore_eos: req.ignore_eos.unwrap_or(false),
-            want_token_text: logprobs,
-            forced_call: plan.forced.clone(),
-            grammar,
-            score_prompt: false,
-            priority: vigil_engine::sequence::Priority::Foreground,
-            pin,
-            on_finish,
-        },
-    )?;
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+    let ignore_eos = req.ignore_eos.unwrap_or(false);
+    let params = |sampling, grammar, first_token| GenParams {
+        prompt: prompt.ids.clone(),
+        sampling,
+        max_tokens,
+        stop_strings: stop.clone(),
+        ignore_eos,
+        want_token_text: logprobs,
+        forced_call: plan.forced.clone(),
+        grammar,
+        score_prompt: false,
+        priority: vigil_engine::sequence::Priority::Foreground,
+        first_token,
+        pin: None,
+        on_finish: None,
+    };
+    let mut first = params(sampling.clone(), grammar, (n > 1).then_some(first_tx));
+    (first.pin, first.on_finish) = (pin, on_finish);
+    let rx = generate::start(&state, first)?;
     let id = crate::ids::new_id("chatcmpl-");
     let created = crate::ids::unix_now();
     if plan.stream {
-        Ok(stream_response(state, rx, plan, id, created))
-    } else {
-        whole_response(state, rx, plan, id, created).await
+        return Ok(stream_response(state, rx, plan, id, created));
     }
+    if n == 1 {
+        return whole_response(state, rx, plan, id, created).await;
+    }
+    // The other choices start once the first one's prompt is computed: its full KV blocks are
+    // then in the prefix cache, and they share them.
+    let _ = first_rx.await;
+    let mut rxs = vec![rx];
+    for i in 1..n {
+        let mut s = sampling.clone();
+        s.seed = s.seed.map(|seed| seed.wrapping_add(i as u64));
+        let grammar = grammar_for(&state, &structured, plan.forced.as_ref()).await?;
+        rxs.push(generate::start(&state, params(s, grammar, None))?);
+    }
+    let mut choices = Vec::with_capacity(n);
+    let mut total: Option<Usage> = None;
+    for (index, rx) in rxs.into_iter().enumerate() {
+        let (mut choice, usage) = collect_choice(&state, rx, &plan).await?;
+        choice["index"] = json!(index);
+        choices.push(choice);
+        match &mut total {
+            // The prompt counts once, whatever the number of choices.
+            Some(t) => t.completion_tokens += usage.completion_tokens,
+            None => total = Some(usage),
+        }
+    }
+    let usage = total.ok_or_else(|| ApiError::internal("no choice"))?;
+    let body = json!({
+        "id": id, "object": "chat.completion", "created": created,
+        "model": state.model_id, "choices": choices, "usage": usage_json(&usage),
+    });
+    Ok(axum::Json(body).into_response())
+}
+
+/// The constraint of one choice: its structured output, or its forced call's.
+async fn grammar_for(
+    state: &SharedState,
+    structured: &Option<(&'static str, vigil_engine::grammar::GrammarSpec)>,
+    forced: Option<&crate::output::ForcedCall>,
+) -> Result<Option<vigil_engine::grammar::GrammarConstraint>, ApiError> {
+    Ok(match (structured, forced) {
+        (Some((field, spec)), _) => {
+            Some(crate::structured::compile(state, field, spec.clone()).await?)
+        }
+        (None, Some(call)) => Some(crate::structured::compile_forced(state, "tools", call).await?),
+        (None, None) => None,
+    })
 }
 
 /// Cut by `max_tokens` (or the context) is `length` even when the text holds tool calls: the
@@ -259,11 +312,26 @@ fn limit_calls(mut calls: Vec<ToolCall>, plan: &Plan) -> Vec<ToolCall> {
 
 async fn whole_response(
     state: SharedState,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
     plan: Plan,
     id: String,
     created: u64,
 ) -> Result<Response, ApiError> {
+    let (mut choice, usage) = collect_choice(&state, rx, &plan).await?;
+    choice["index"] = json!(0);
+    let body = json!({
+        "id": id, "object": "chat.completion", "created": created,
+        "model": state.model_id, "choices": [choice], "usage": usage_json(&usage),
+    });
+    Ok(axum::Json(body).into_response())
+}
+
+/// One choice's generation as its `choices` entry (without `index`), and its usage.
+async fn collect_choice(
+    state: &SharedState,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    plan: &Plan,
+) -> Result<(Value, Usage), ApiError> {
     let mut parser = OutputParser::new(plan.thinking, plan.tool_format, plan.forced.as_ref());
     let mut collected = CollectedText::default();
     let mut tokens = Vec::new();
@@ -278,8 +346,8 @@ async fn whole_response(
                 let (rest, calls) = parser.finish();
                 collected.push(rest);
                 let CollectedText { content, reasoning } = collected;
-                let calls = limit_calls(calls, &plan);
-                count_malformed(&state, &calls);
+                let calls = limit_calls(calls, plan);
+                count_malformed(state, &calls);
                 let mut message = json!({"role": "assistant"});
                 let empty_next_to_other =
                     content.is_empty() && (!calls.is_empty() || !reasoning.is_empty());
@@ -298,17 +366,12 @@ async fn whole_response(
                         json!(reasoning)
                     };
                 }
-                let body = json!({
-                    "id": id, "object": "chat.completion", "created": created,
-                    "model": state.model_id,
-                    "choices": [{
-                        "index": 0, "message": message,
-                        "logprobs": if plan.logprobs { logprobs_json(&tokens) } else { Value::Null },
-                        "finish_reason": finish_reason(&finish, !calls.is_empty()),
-                    }],
-                    "usage": usage_json(&usage),
+                let choice = json!({
+                    "message": message,
+                    "logprobs": if plan.logprobs { logprobs_json(&tokens) } else { Value::Null },
+                    "finish_reason": finish_reason(&finish, !calls.is_empty()),
                 });
-                return Ok(axum::Json(body).into_response());
+                return Ok((choice, usage));
             }
         }
     }

@@ -4,7 +4,7 @@ use super::params::{max_tokens, sampling_params, stop_strings};
 use super::types::{CompletionRequest, PromptField};
 use crate::error::{ApiError, Flavor};
 use crate::extract::parse_body;
-use crate::generate::{self, Finish, GenEvent, GenParams, TokenInfo};
+use crate::generate::{self, Finish, GenEvent, GenParams, TokenInfo, Usage};
 use crate::openai::chat::usage_json;
 use crate::sse;
 use crate::state::SharedState;
@@ -72,61 +72,125 @@ async fn handle(
     let top = logprobs.max(prompt_logprobs);
     let sampling = sampling_params(&req.common(), vocab, top)?;
     let structured = req.structured().spec()?;
-    let prompt = match req.prompt {
-        PromptField::Text(t) => encode(&state, t).await?,
-        PromptField::TextBatch(mut v) if v.len() == 1 => encode(&state, v.remove(0)).await?,
-        PromptField::Tokens(ids) => ids,
-        PromptField::TokenBatch(mut v) if v.len() == 1 => v.remove(0),
-        _ => {
-            return Err(ApiError::invalid(
-                "prompt",
-                "only one prompt per request is supported",
-            ))
+    let prompts = match req.prompt {
+        PromptField::Text(t) => vec![encode(&state, t).await?],
+        PromptField::TextBatch(v) => {
+            let mut out = Vec::with_capacity(v.len());
+            for t in v {
+                out.push(encode(&state, t).await?);
+            }
+            out
         }
+        PromptField::Tokens(ids) => vec![ids],
+        PromptField::TokenBatch(v) => v,
     };
-    if let Some(bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
+    if prompts.is_empty() || prompts.len() > MAX_PROMPTS {
         return Err(ApiError::invalid(
             "prompt",
-            format!("token id {bad} is outside the vocabulary ({vocab} tokens)"),
+            format!("give between 1 and {MAX_PROMPTS} prompts"),
         ));
     }
-    let grammar = match structured {
-        Some((field, spec)) => Some(crate::structured::compile(&state, field, spec).await?),
-        None => None,
-    };
-    let scoring = score_prompt.then(|| Scoring {
-        echo,
-        logprobs,
-        prompt_logprobs,
-        first: prompt[0],
-        text: state.tokenizer.decode(&prompt, false).unwrap_or_default(),
-    });
-    let rx = generate::start(
-        &state,
-        GenParams {
-            prompt,
-            sampling,
-            max_tokens: max_tokens(req.max_tokens, "max_tokens")?.or(Some(16)),
-            stop_strings: stop_strings(&req.stop, "stop")?,
-            ignore_eos: req.ignore_eos.unwrap_or(false),
-            want_token_text: logprobs.is_some(),
-            forced_call: None,
-            grammar,
-            score_prompt,
-            priority: vigil_engine::sequence::Priority::Foreground,
-            pin: None,
-            on_finish: None,
-        },
-    )?;
+    for prompt in &prompts {
+        if let Some(bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary ({vocab} tokens)"),
+            ));
+        }
+    }
+    let n = req.n.unwrap_or(1) as usize;
+    let stream_asked = req.stream.unwrap_or(false);
+    if stream_asked && prompts.len() * n > 1 {
+        return Err(ApiError::invalid(
+            if n > 1 { "n" } else { "prompt" },
+            "several choices (n > 1, or a list of prompts) are not streamed: ask without `stream`",
+        ));
+    }
+    let max_tokens = max_tokens(req.max_tokens, "max_tokens")?.or(Some(16));
+    let stops = stop_strings(&req.stop, "stop")?;
     let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true);
     let id = crate::ids::new_id("cmpl-");
     let created = crate::ids::unix_now();
-    if req.stream.unwrap_or(false) {
-        Ok(stream(state, rx, id, created, include_usage, logprobs))
-    } else {
-        whole(state, rx, id, created, logprobs, scoring).await
+    // Choice `p * n + i` is prompt `p`'s `i`-th. A prompt's first choice starts alone; the
+    // others start once its first token is out, so its prompt's KV blocks are in the prefix
+    // cache and they share them instead of computing the prompt again.
+    let mut choices = Vec::with_capacity(prompts.len() * n);
+    for prompt in prompts {
+        let scoring = score_prompt.then(|| Scoring {
+            echo,
+            logprobs,
+            prompt_logprobs,
+            first: prompt.first().copied().unwrap_or(0),
+            text: state.tokenizer.decode(&prompt, false).unwrap_or_default(),
+        });
+        let scoring = std::sync::Arc::new(scoring);
+        for i in 0..n {
+            let grammar = match &structured {
+                Some((field, spec)) => {
+                    Some(crate::structured::compile(&state, field, spec.clone()).await?)
+                }
+                None => None,
+            };
+            let mut sampling = sampling.clone();
+            sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+            let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+            let rx = generate::start(
+                &state,
+                GenParams {
+                    prompt: prompt.clone(),
+                    sampling,
+                    max_tokens,
+                    stop_strings: stops.clone(),
+                    ignore_eos: req.ignore_eos.unwrap_or(false),
+                    want_token_text: logprobs.is_some(),
+                    forced_call: None,
+                    grammar,
+                    score_prompt,
+                    priority: vigil_engine::sequence::Priority::Foreground,
+                    first_token: (i == 0 && n > 1).then_some(first_tx),
+                    pin: None,
+                    on_finish: None,
+                },
+            )?;
+            if i == 0 && n > 1 {
+                // Err: it ended or failed before a token; the others start anyway.
+                let _ = first_rx.await;
+            }
+            choices.push((rx, scoring.clone(), i == 0));
+        }
     }
+    if stream_asked {
+        let (rx, _, _) = choices.remove(0);
+        return Ok(stream(state, rx, id, created, include_usage, logprobs));
+    }
+    let mut out = Vec::with_capacity(choices.len());
+    let mut usage = Usage {
+        prompt_tokens: 0,
+        cached_tokens: 0,
+        completion_tokens: 0,
+    };
+    for (index, (rx, scoring, first_of_prompt)) in choices.into_iter().enumerate() {
+        let (mut choice, u) = collect(&state, rx, logprobs, scoring.as_ref().as_ref()).await?;
+        choice["index"] = json!(index);
+        out.push(choice);
+        if first_of_prompt {
+            // A prompt counts once, whatever the number of its choices.
+            usage.prompt_tokens += u.prompt_tokens;
+            usage.cached_tokens += u.cached_tokens;
+        }
+        usage.completion_tokens += u.completion_tokens;
+    }
+    Ok(axum::Json(json!({
+        "id": id, "object": "text_completion", "created": created,
+        "model": state.model_id,
+        "choices": out,
+        "usage": usage_json(&usage),
+    }))
+    .into_response())
 }
+
+/// Most prompts one completions request may carry.
+const MAX_PROMPTS: usize = 64;
 
 async fn encode(state: &SharedState, text: String) -> Result<Vec<u32>, ApiError> {
     crate::cpu_jobs::encode(state, text, true, "prompt").await
@@ -223,14 +287,13 @@ fn prompt_logprobs_json(k: u32, prompt: &[(TokenInfo, u32)]) -> Value {
     Value::Array(out)
 }
 
-async fn whole(
-    state: SharedState,
+/// One choice's generation, as the `choices` entry (without its `index`) and its usage.
+async fn collect(
+    state: &SharedState,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
-    id: String,
-    created: u64,
     logprobs: Option<u32>,
-    scoring: Option<Scoring>,
-) -> Result<Response, ApiError> {
+    scoring: Option<&Scoring>,
+) -> Result<(Value, Usage), ApiError> {
     let mut text = String::new();
     let mut tokens = Vec::new();
     while let Some(ev) = rx.recv().await {
@@ -252,12 +315,12 @@ async fn whole(
                     Some(n) => logprobs_json(&tokens, n),
                     None => Value::Null,
                 };
-                let mut choice = json!({"index": 0});
-                if let Some(s) = &scoring {
+                let mut choice = json!({});
+                if let Some(s) = scoring {
                     if s.echo {
                         text = format!("{}{text}", s.text);
                         if logprobs.is_some() {
-                            lp = echo_logprobs_json(&state, s, &prompt, &tokens);
+                            lp = echo_logprobs_json(state, s, &prompt, &tokens);
                         }
                     }
                     if let Some(k) = s.prompt_logprobs {
@@ -267,13 +330,7 @@ async fn whole(
                 choice["text"] = json!(text);
                 choice["logprobs"] = lp;
                 choice["finish_reason"] = json!(finish_reason(&finish));
-                return Ok(axum::Json(json!({
-                    "id": id, "object": "text_completion", "created": created,
-                    "model": state.model_id,
-                    "choices": [choice],
-                    "usage": usage_json(&usage),
-                }))
-                .into_response());
+                return Ok((choice, usage));
             }
         }
     }

@@ -10,6 +10,8 @@ pub const DEFAULT_TOP_P: f32 = 0.9;
 pub const MAX_STOP_STRINGS: usize = 4;
 pub const MAX_STOP_BYTES: usize = 64;
 pub const MAX_TOP_LOGPROBS: u32 = 20;
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: u32 = 16;
 
 pub fn sampling_params(
     p: &CommonParams,
@@ -17,8 +19,11 @@ pub fn sampling_params(
     logprobs: Option<u32>,
 ) -> Result<SamplingParams, ApiError> {
     if let Some(n) = p.n {
-        if n != 1 {
-            return Err(ApiError::invalid("n", "only n = 1 is supported"));
+        if !(1..=MAX_CHOICES).contains(&n) {
+            return Err(ApiError::invalid(
+                "n",
+                format!("must be between 1 and {MAX_CHOICES}"),
+            ));
         }
     }
     let top_k = match p.top_k {

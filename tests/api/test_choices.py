@@ -1,0 +1,54 @@
+"""Several choices in one request: `n > 1` on chat and text completions, and a list of prompts
+on completions. A prompt counts once in `usage`; its other choices start once the first has
+computed the prompt, so they take its KV blocks from the prefix cache instead of computing it
+again."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from conftest import prom_value
+from test_openai_sdk import make_client
+
+
+def cached_total(server) -> float:
+    return prom_value(httpx.get(server.url + "/metrics", timeout=30).text, "vigil_prefix_cached_tokens_total")
+
+
+def test_chat_n2_gives_two_choices_that_share_the_prompt(smol):
+    client = make_client(smol)
+    # A prompt no earlier test sent: its blocks cannot be cached already.
+    unique = f"Request {time.time_ns()}: write a sentence about rivers, mountains and the long road home."
+    msgs = [{"role": "user", "content": unique}]
+    before = cached_total(smol)
+    r = client.chat.completions.create(model="m", messages=msgs, n=2, max_tokens=12, temperature=1.0, seed=3,
+                                       extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1]
+    assert all(c.message.content for c in r.choices)
+    one = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=1.0, seed=3,
+                                         extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens, "the prompt counts once"
+    assert r.usage.completion_tokens == 2 * 12
+    assert r.choices[0].message.content == one.choices[0].message.content, "choice 0 keeps the seed"
+    shared = cached_total(smol) - before
+    # The second choice (and the single request after it) read the prompt's full 16-token
+    # blocks from the cache.
+    assert shared >= 2 * 16 * (r.usage.prompt_tokens // 16), shared
+
+
+def test_completions_prompt_list_times_n(smol):
+    prompts = ["The sky is", "Two plus two is"]
+    r = httpx.post(f"{smol.v1}/completions", json={"prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0, "ignore_eos": True}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    choices = body["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    for p, prompt in enumerate(prompts):
+        alone = httpx.post(f"{smol.v1}/completions", json={"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True}, timeout=60).json()
+        # Greedy: both choices of a prompt are that prompt's own completion.
+        assert choices[2 * p]["text"] == choices[2 * p + 1]["text"] == alone["choices"][0]["text"]
+    assert body["usage"]["completion_tokens"] == sum(6 for _ in choices)
+    single = [httpx.post(f"{smol.v1}/completions", json={"prompt": p, "max_tokens": 1}, timeout=60).json()["usage"]["prompt_tokens"] for p in prompts]
+    assert body["usage"]["prompt_tokens"] == sum(single)
