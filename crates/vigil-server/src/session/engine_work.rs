@@ -15,49 +15,6 @@ use vigil_engine::sampling::SamplingParams;
 use vigil_engine::sequence::{FinishReason, Priority, StopCriteria};
 use vigil_model::tokenizer::Tokenizer;
 
-/// Bytes of queued session data across every session, and the most the server holds
-/// (`--max-pending-bytes-total`). Shared by every session's actor: one atomic counter.
-#[derive(Debug)]
-pub struct QueueBudget {
-    used: std::sync::atomic::AtomicUsize,
-    pub max: usize,
-}
-
-impl QueueBudget {
-    pub fn new(max: usize) -> Self {
-        QueueBudget {
-            used: std::sync::atomic::AtomicUsize::new(0),
-            max,
-        }
-    }
-
-    /// Take `bytes`, or say how many are held.
-    pub fn reserve(&self, bytes: usize) -> Result<(), usize> {
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q + bytes <= self.max).then_some(q + bytes)
-            })
-            .map(|_| ())
-    }
-
-    /// Take `bytes` whatever is held (entries restored from the journal were acknowledged).
-    pub fn force(&self, bytes: usize) {
-        self.used.fetch_add(bytes, Ordering::AcqRel);
-    }
-
-    pub fn release(&self, bytes: usize) {
-        let _ = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                Some(q.saturating_sub(bytes))
-            });
-    }
-
-    pub fn used(&self) -> usize {
-        self.used.load(Ordering::Acquire)
-    }
-}
-
 /// What a session's actor depends on: the engine, the tokenizer (answer text), the model's
 /// context, the server's counters and the shared queue budget.
 #[derive(Clone)]
@@ -66,7 +23,7 @@ pub struct SessionDeps {
     pub tokenizer: Arc<Tokenizer>,
     pub max_model_len: usize,
     pub metrics: Arc<ServerMetrics>,
-    pub budget: Arc<QueueBudget>,
+    pub budget: Arc<super::budget::QueueBudget>,
     /// Where the session's changes are logged (`journal/`).
     pub journal: super::journal::Journal,
     /// Where its KV is offloaded when idle (`--kv-disk`).

@@ -4,6 +4,7 @@
 //! (`handle.rs`).
 
 pub mod actor;
+pub mod budget;
 pub mod engine_work;
 pub mod events;
 pub mod flash;
@@ -26,7 +27,9 @@ pub mod turn;
 use crate::error::ApiError;
 use crate::state::SharedState;
 use axum::http::StatusCode;
-use engine_work::{QueueBudget, SessionDeps};
+pub use budget::queued_cost;
+use budget::QueueBudget;
+use engine_work::SessionDeps;
 pub use handle::Session;
 use state::{Identity, SessionSettings};
 use std::collections::HashMap;
@@ -46,14 +49,6 @@ pub struct SessionRegistry {
     pub journal: journal::Journal,
     /// Where idle sessions' KV is written (`--kv-disk`), if anywhere.
     pub kv_disk: Option<Arc<journal::kv_disk::KvDisk>>,
-}
-
-/// Bookkeeping a queued entry costs beyond its text (its token vector and queue slot).
-const ENTRY_OVERHEAD: usize = 64;
-
-/// What one queued entry counts against `--max-pending-bytes-total`.
-pub fn queued_cost(e: &state::Entry) -> usize {
-    e.text.len() + 4 * e.tokens.len() + ENTRY_OVERHEAD
 }
 
 pub fn conflict(message: impl Into<String>) -> ApiError {

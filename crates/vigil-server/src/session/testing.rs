@@ -1,7 +1,8 @@
 //! Sessions for unit tests: a real actor on the tiny Llama checkpoint's engine, with a plain
 //! layout (no template), so tests drive the session logic without HTTP.
 
-use super::engine_work::{QueueBudget, SessionDeps};
+use super::budget::QueueBudget;
+use super::engine_work::SessionDeps;
 use super::state::{Identity, Overflow, SessionParams, SessionSettings};
 use super::Session;
 use std::path::Path;
