@@ -55,6 +55,10 @@ pub struct SamplingParams {
     /// that position would see. Rows served by the prefix cache are not computed, so not
     /// scored: a caller checks that it got every row it asked for.
     pub score_prompt_from: Option<usize>,
+    /// With `score_prompt_from`: also score the prompt's own next token at each scored row
+    /// (its log-probability and rank, `Sequence::prompt_logprobs`). Off for draft
+    /// verification, which needs only the picks: the rank scans the whole vocabulary.
+    pub score_prompt_tokens: bool,
 }
 
 impl Default for SamplingParams {
@@ -72,6 +76,7 @@ impl Default for SamplingParams {
             logprobs: None,
             min_tokens: 0,
             score_prompt_from: None,
+            score_prompt_tokens: false,
         }
     }
 }

@@ -90,9 +90,9 @@ pub struct Sequence {
     /// With `params.score_prompt_from`: the sampler's pick after each scored prompt row, in
     /// position order from that position.
     pub prompt_scores: Vec<SampleOutput>,
-    /// Beside each of `prompt_scores`: the log-probability of the prompt's own next token
-    /// there, and its rank (1 = the most likely) — the prompt's scores (`echo`,
-    /// `prompt_logprobs`, perplexity).
+    /// With `params.score_prompt_tokens`, beside each of `prompt_scores`: the log-probability
+    /// of the prompt's own next token there, and its rank (1 = the most likely) — the
+    /// prompt's scores (`echo`, `prompt_logprobs`, perplexity).
     pub prompt_logprobs: Vec<(f32, u32)>,
 }
 
@@ -174,7 +174,10 @@ impl Sequence {
         let row = self.params.score_prompt_from.unwrap_or(0) + self.prompt_scores.len();
         let prompt = &self.token_ids[..self.num_prompt_tokens];
         let out = self.sampler.sample(logits, &self.params, prompt, &[]);
-        if let Some(&next) = prompt.get(row + 1) {
+        let next = prompt
+            .get(row + 1)
+            .filter(|_| self.params.score_prompt_tokens);
+        if let Some(&next) = next {
             // The same operation as a generated token's `logprob`: equal bits for the same row.
             let l = logits
                 .get(next as usize)

@@ -133,6 +133,7 @@ pub fn start(
     let scored_prompt = params.score_prompt.then(|| params.prompt.clone());
     if params.score_prompt {
         params.sampling.score_prompt_from = Some(0);
+        params.sampling.score_prompt_tokens = true;
     }
     let prompt_len = params.prompt.len();
     if prompt_len == 0 {

@@ -33,8 +33,19 @@ fn text_of(m: &Value) -> String {
         .to_string()
 }
 
+/// Whether a conversation needs `rewrite`: tools offered, or calls and results in its history.
+pub fn needed(messages: &Value, tools: Option<&Value>) -> bool {
+    let offered = tools
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty());
+    let in_history = (messages.as_array().into_iter().flatten())
+        .any(|m| m.get("tool_calls").is_some() || m["role"] == "tool");
+    offered || in_history
+}
+
 /// `messages` (the template's shape: an array of `{"role", "content", "tool_calls"?, ...}`)
-/// rewritten without tool fields, with `tools` (if any) offered in the system message.
+/// with calls and results turned into text, and `tools` (if any) offered in the system
+/// message. Other messages are kept as they are.
 pub fn rewrite(messages: &Value, tools: Option<&Value>) -> Value {
     let list = messages.as_array().cloned().unwrap_or_default();
     let mut out: Vec<Value> = Vec::with_capacity(list.len() + 1);
@@ -56,7 +67,12 @@ pub fn rewrite(messages: &Value, tools: Option<&Value>) -> Value {
                     }
                     text.push_str(&format!("<tool_call>\n{call}\n</tool_call>"));
                 }
-                out.push(json!({"role": "assistant", "content": text}));
+                let mut m = m;
+                if let Some(o) = m.as_object_mut() {
+                    o.remove("tool_calls");
+                }
+                m["content"] = json!(text);
+                out.push(m);
             }
             "tool" => {
                 let response = format!("<tool_response>\n{}\n</tool_response>", text_of(&m));
@@ -70,7 +86,7 @@ pub fn rewrite(messages: &Value, tools: Option<&Value>) -> Value {
                     _ => out.push(json!({"role": "user", "content": response, "from_tools": true})),
                 }
             }
-            _ => out.push(json!({"role": role, "content": text_of(&m)})),
+            _ => out.push(m),
         }
     }
     for m in &mut out {

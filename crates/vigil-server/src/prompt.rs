@@ -69,7 +69,7 @@ pub async fn render_chat_opening(
     };
     let add_generation_prompt = add_generation_prompt && continued.is_none();
     let continues = continued.is_some();
-    if state.generic_tools {
+    if state.generic_tools && crate::generic_tools::needed(&messages, tools.as_ref()) {
         messages = crate::generic_tools::rewrite(&messages, tools.as_ref());
         tools = None;
     }

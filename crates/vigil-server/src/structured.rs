@@ -19,9 +19,6 @@ pub struct StructuredFields {
     pub guided_regex: Option<String>,
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
-    /// vLLM's backend choice: there is one here, so it is accepted and ignored.
-    pub guided_decoding_backend: Option<String>,
-    pub guided_whitespace_pattern: Option<String>,
 }
 
 /// A JSON schema given as an object, or as a string holding one (vLLM accepts both).

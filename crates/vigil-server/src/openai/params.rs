@@ -85,6 +85,7 @@ pub fn sampling_params(
         logprobs,
         min_tokens: p.min_tokens.unwrap_or(0),
         score_prompt_from: None,
+        score_prompt_tokens: false,
     };
     params
         .validate()

@@ -275,8 +275,6 @@ macro_rules! impl_structured {
                     guided_regex: self.guided_regex.clone(),
                     guided_choice: self.guided_choice.clone(),
                     guided_grammar: self.guided_grammar.clone(),
-                    guided_decoding_backend: self.guided_decoding_backend.clone(),
-                    guided_whitespace_pattern: self.guided_whitespace_pattern.clone(),
                 }
             }
         }
