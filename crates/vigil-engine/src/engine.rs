@@ -7,6 +7,7 @@ use crate::pins::{PinKey, PinKv, PinSave, PinStore, PinUse};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::sequence::{FinishReason, Priority, SeqId, SeqStatus, Sequence, StopCriteria};
+use crate::speculative::{self, SpecConfig, SpecMethod, SpecStats};
 use std::collections::{HashMap, HashSet};
 
 /// One token produced for one sequence in a step.
@@ -25,6 +26,8 @@ pub struct TokenOutput {
 pub struct StepStats {
     pub num_prefill_tokens: usize,
     pub num_decode_tokens: usize,
+    /// Of the decode tokens, draft tokens being verified.
+    pub num_draft_tokens: usize,
 }
 
 pub struct LlmEngine {
@@ -35,6 +38,9 @@ pub struct LlmEngine {
     pub last_step: StepStats,
     /// Session KV held between requests.
     pub pins: PinStore,
+    /// Speculative decoding: the server-wide settings and the counters since start.
+    pub spec: SpecConfig,
+    pub spec_stats: SpecStats,
     next_id: SeqId,
     logits_row: Vec<f32>,
 }
@@ -49,6 +55,8 @@ impl LlmEngine {
             seqs: HashMap::new(),
             last_step: StepStats::default(),
             pins: PinStore::default(),
+            spec: SpecConfig::default(),
+            spec_stats: SpecStats::default(),
             next_id: 1,
             logits_row: Vec::new(),
         }
@@ -268,6 +276,7 @@ impl LlmEngine {
     /// One step: schedule → run → sample and postprocess. Errs only if the scheduler admitted
     /// more than the block pool holds, a bug reported instead of a panic.
     pub fn step(&mut self) -> Result<Vec<TokenOutput>, OutOfBlocks> {
+        self.propose_drafts();
         let plan = self.scheduler.schedule(&mut self.seqs, &self.pool);
         self.last_step = StepStats::default();
         let stuck = plan.seqs.is_empty() && self.scheduler.num_waiting() > 0;
@@ -288,6 +297,10 @@ impl LlmEngine {
             }
         }
         let sampling = self.runner.prepare(&plan, &mut self.seqs)?;
+        let drafted: Vec<SeqId> = (sampling.iter())
+            .filter(|(_, u)| *u == RowUse::Draft(0))
+            .map(|&(id, _)| id)
+            .collect();
         let step = self.runner.run(sampling);
         let vocab = step.vocab_size;
         let mut outputs = Vec::with_capacity(step.seq_ids.len());
@@ -302,8 +315,19 @@ impl LlmEngine {
                 seq.score_prompt_row(&mut self.logits_row);
                 continue;
             }
+            if seq.is_finished() || seq.draft_rejected {
+                // A row past where the verification ended.
+                continue;
+            }
             let out = seq.sample_and_append(&mut self.logits_row);
             let finished = seq.check_stop();
+            if let RowUse::Draft(i) = row_use {
+                if seq.draft.get(i) == Some(&out.token) {
+                    seq.draft_accepted += 1;
+                } else {
+                    seq.draft_rejected = true;
+                }
+            }
             if let Some(reason) = finished {
                 seq.status = SeqStatus::Finished(reason);
                 self.scheduler.remove(id);
@@ -316,6 +340,9 @@ impl LlmEngine {
                 finished,
             });
         }
+        for id in drafted {
+            self.settle_draft(id);
+        }
         for out in &outputs {
             if out.finished.is_some() {
                 if let Some(mut seq) = self.seqs.remove(&out.seq_id) {
@@ -326,6 +353,63 @@ impl LlmEngine {
             }
         }
         Ok(outputs)
+    }
+
+    /// Give each running sequence that is about to decode a draft to verify in this step
+    /// (`speculative`), as long as its policy says drafts pay. Never past `max_tokens`: the
+    /// token after the draft counts too.
+    fn propose_drafts(&mut self) {
+        let config = &self.spec;
+        for id in &self.scheduler.running {
+            let Some(seq) = self.seqs.get_mut(id) else {
+                continue;
+            };
+            seq.draft.clear();
+            let request = &seq.params.speculative;
+            let method = request.method.unwrap_or(config.method);
+            let decoding = seq.num_computed_tokens + 1 == seq.num_tokens();
+            if method == SpecMethod::Off || !decoding || seq.is_finished() {
+                continue;
+            }
+            let room = (seq.stop.max_tokens).saturating_sub(seq.num_output_tokens() + 1);
+            let max = config.max_draft.min(room);
+            let len = seq.spec.draft_len(max, config.row_cost);
+            if len == 0 {
+                seq.spec.idle();
+                continue;
+            }
+            let prediction = request.prediction.as_deref();
+            let output = seq.num_output_tokens();
+            let context = &seq.token_ids;
+            speculative::propose(method, context, output, prediction, len, &mut seq.draft);
+        }
+    }
+
+    /// After a verification: the KV of draft rows past the confirmed ones is dropped (the
+    /// sequence's last token, sampled this step, has none yet), confirmed full blocks enter the
+    /// prefix cache, and the policy and counters learn the outcome.
+    fn settle_draft(&mut self, id: SeqId) {
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let proposed = seq.draft.len();
+        let accepted = seq.draft_accepted;
+        let config = &self.spec;
+        seq.spec
+            .record(proposed, accepted, config.max_draft, config.row_cost);
+        self.spec_stats.drafts += 1;
+        self.spec_stats.proposed_tokens += proposed as u64;
+        self.spec_stats.accepted_tokens += accepted as u64;
+        self.last_step.num_draft_tokens += proposed;
+        seq.draft.clear();
+        seq.draft_accepted = 0;
+        seq.draft_rejected = false;
+        let computed = seq.num_tokens() - 1;
+        seq.num_computed_tokens = computed;
+        if let Some(table) = seq.table.as_mut() {
+            table.truncate(computed);
+            table.commit_full_blocks(&seq.token_ids[..computed]);
+        }
     }
 
     /// Check the block-accounting invariant against every live table.

@@ -63,6 +63,9 @@ pub enum RequestEvent {
         /// For a request that saves to a session pin: the KV tokens the pin holds after the
         /// save (the caller commits its mirror on this reply).
         pin_tokens: Option<usize>,
+        /// Speculative decoding: draft tokens verified for this request, and accepted.
+        num_draft_tokens: usize,
+        num_accepted_draft_tokens: usize,
     },
     /// The engine could not run the request (an internal fault, reported not panicked).
     Failed(String),
@@ -129,6 +132,10 @@ pub struct EngineStats {
     /// Session pins and the pin tables dropped under memory pressure.
     pub pins: AtomicUsize,
     pub pin_evictions: AtomicU64,
+    /// Speculative decoding since start: verifications, draft tokens verified, accepted.
+    pub spec_drafts: AtomicU64,
+    pub spec_draft_tokens: AtomicU64,
+    pub spec_accepted_tokens: AtomicU64,
     /// The engine thread has exited (a caught panic, or every handle dropped).
     pub stopped: AtomicBool,
 }
@@ -555,6 +562,8 @@ impl EngineLoop {
                             .collect(),
                         prompt_logprobs: seq.prompt_logprobs,
                         pin_tokens,
+                        num_draft_tokens: seq.spec.proposed_total,
+                        num_accepted_draft_tokens: seq.spec.accepted_total,
                     });
                 }
                 self.by_seq.remove(&out.seq_id);
@@ -610,6 +619,12 @@ impl EngineLoop {
         st.pins.store(pins.len(), Ordering::Relaxed);
         st.pin_evictions
             .store(pins.num_evictions, Ordering::Relaxed);
+        let spec = self.engine.spec_stats;
+        st.spec_drafts.store(spec.drafts, Ordering::Relaxed);
+        st.spec_draft_tokens
+            .store(spec.proposed_tokens, Ordering::Relaxed);
+        st.spec_accepted_tokens
+            .store(spec.accepted_tokens, Ordering::Relaxed);
         Self::publish_pins(pins, &self.pin_kv, &mut self.published_pins);
     }
 

@@ -1,6 +1,6 @@
 //! The serving core: `Sequence`, the paged KV `BlockPool` with prefix caching and
 //! copy-on-write forks, `SamplingParams` and the `Sampler`, the `Scheduler`, the
-//! `ModelRunner`, and `LlmEngine` whose `step()` ties them together.
+//! `ModelRunner`, speculative decoding (`speculative/`), and `LlmEngine` whose `step()` ties them together.
 
 pub mod block_pool;
 pub mod block_table;
@@ -13,3 +13,4 @@ pub mod pins;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculative;

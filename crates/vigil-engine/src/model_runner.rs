@@ -16,10 +16,12 @@ pub struct ModelRunner {
     input: StepInput,
 }
 
-/// What a logits row is for: the sequence's next token, or scoring one of its prompt rows.
+/// What a logits row is for: the sequence's next token, checking draft token `i` (the pick
+/// there is the next token too, while the draft holds), or scoring one of its prompt rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowUse {
     Next,
+    Draft(usize),
     ScorePrompt,
 }
 
@@ -62,6 +64,8 @@ impl ModelRunner {
             };
             let start = seq.num_computed_tokens;
             let end = start + s.num_tokens;
+            // A budget that cut the draft short: verify the part that fits.
+            seq.draft.truncate(end.saturating_sub(num_tokens));
             // The table may already hold slots for these tokens (prefix hits cover whole blocks
             // it holds); reserve only past its end.
             let have = table.num_tokens();
@@ -72,7 +76,11 @@ impl ModelRunner {
                 }
             }
             for pos in start..end {
-                inp.token_ids.push(seq.token_ids[pos]);
+                let token = match seq.token_ids.get(pos) {
+                    Some(&t) => t,
+                    None => seq.draft[pos - num_tokens],
+                };
+                inp.token_ids.push(token);
                 inp.positions.push(pos as u32);
                 inp.slot_mapping.push(table.slot(pos).unwrap_or(0) as u32);
             }
@@ -95,12 +103,19 @@ impl ModelRunner {
                 block_table: table.block_ids().to_vec(),
             });
             seq.num_computed_tokens = end;
-            if end == num_tokens {
-                inp.sample_rows.push(inp.token_ids.len() - 1);
+            let drafted = seq.draft.len();
+            if end == num_tokens + drafted {
+                let last = inp.token_ids.len() - 1;
+                for i in 0..drafted {
+                    inp.sample_rows.push(last - drafted + i);
+                    sampling.push((seq.id, RowUse::Draft(i)));
+                }
+                inp.sample_rows.push(last);
                 sampling.push((seq.id, RowUse::Next));
             }
-            // Blocks whose tokens all have KV now become reusable prefixes.
-            table.commit_full_blocks(&seq.token_ids[..end]);
+            // Blocks whose tokens all have KV now become reusable prefixes (draft rows are not
+            // the sequence's until the engine confirms them).
+            table.commit_full_blocks(&seq.token_ids[..end.min(num_tokens)]);
         }
         Ok(sampling)
     }

@@ -19,6 +19,8 @@ use std::cmp::Ordering;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::speculative::SpecRequest;
+
 /// Temperatures below this are treated as greedy (as vLLM does).
 pub const MIN_TEMPERATURE: f32 = 1e-5;
 
@@ -59,6 +61,9 @@ pub struct SamplingParams {
     /// (its log-probability and rank, `Sequence::prompt_logprobs`). Off for draft
     /// verification, which needs only the picks: the rank scans the whole vocabulary.
     pub score_prompt_tokens: bool,
+    /// Speculative decoding for this request (`speculative`): the method, if not the
+    /// server's, and a prediction of the output to draft from.
+    pub speculative: SpecRequest,
 }
 
 impl Default for SamplingParams {
@@ -77,6 +82,7 @@ impl Default for SamplingParams {
             min_tokens: 0,
             score_prompt_from: None,
             score_prompt_tokens: false,
+            speculative: SpecRequest::default(),
         }
     }
 }

@@ -346,7 +346,7 @@ impl Scheduler {
             if !self.running.contains(&id) {
                 continue;
             }
-            let n = (seq.num_tokens() - seq.num_computed_tokens).min(st.budget);
+            let n = seq.num_uncomputed_tokens().min(st.budget);
             if n == 0 {
                 continue;
             }
@@ -532,6 +532,7 @@ impl Scheduler {
         self.running.retain(|&s| s != id);
         if let Some(seq) = seqs.get_mut(&id) {
             seq.table = None;
+            seq.draft.clear();
             seq.num_computed_tokens = 0;
             seq.num_preemptions += 1;
             seq.status = SeqStatus::Waiting;

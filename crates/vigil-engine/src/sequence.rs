@@ -6,6 +6,7 @@ use crate::block_table::BlockTable;
 use crate::constraint::TokenConstraint;
 use crate::pins::PinUse;
 use crate::sampling::{SampleOutput, Sampler, SamplingParams};
+use crate::speculative::SpecState;
 
 pub type SeqId = u64;
 
@@ -94,6 +95,15 @@ pub struct Sequence {
     /// of the prompt's own next token there, and its rank (1 = the most likely) — the
     /// prompt's scores (`echo`, `prompt_logprobs`, perplexity).
     pub prompt_logprobs: Vec<(f32, u32)>,
+    /// Draft tokens proposed to follow `token_ids` this step (speculative decoding): computed
+    /// as extra rows after the last token, then cut back to what the sampler confirmed. Empty
+    /// outside a step.
+    pub draft: Vec<u32>,
+    /// Draft tokens this step's verification has confirmed so far, and whether it has ended.
+    pub draft_accepted: usize,
+    pub draft_rejected: bool,
+    /// This sequence's acceptance record and draft-length policy.
+    pub spec: SpecState,
 }
 
 impl Sequence {
@@ -118,6 +128,10 @@ impl Sequence {
             pin: None,
             prompt_scores: Vec::new(),
             prompt_logprobs: Vec::new(),
+            draft: Vec::new(),
+            draft_accepted: 0,
+            draft_rejected: false,
+            spec: SpecState::default(),
         }
     }
 
@@ -132,6 +146,12 @@ impl Sequence {
 
     pub fn num_tokens(&self) -> usize {
         self.token_ids.len()
+    }
+
+    /// Tokens the next step may compute for this sequence: those without KV, and this
+    /// step's draft.
+    pub fn num_uncomputed_tokens(&self) -> usize {
+        self.token_ids.len() + self.draft.len() - self.num_computed_tokens
     }
 
     pub fn num_output_tokens(&self) -> usize {

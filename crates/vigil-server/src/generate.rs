@@ -101,11 +101,15 @@ pub enum Finish {
     Length { context_full: bool },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Speculative decoding: draft tokens verified, and accepted (reported as OpenAI's
+    /// predicted-output counts).
+    pub draft_tokens: usize,
+    pub accepted_draft_tokens: usize,
 }
 
 #[derive(Debug)]
@@ -341,6 +345,7 @@ async fn drive(
                             prompt_tokens: ctx.prompt_len,
                             cached_tokens,
                             completion_tokens: num_tokens,
+                            ..Usage::default()
                         },
                         prompt: Vec::new(),
                     };
@@ -371,6 +376,8 @@ async fn drive(
                 num_output_tokens,
                 prompt_scores,
                 prompt_logprobs,
+                num_draft_tokens,
+                num_accepted_draft_tokens,
                 ..
             } => {
                 let tail = detok.flush();
@@ -403,6 +410,8 @@ async fn drive(
                         prompt_tokens: num_prompt_tokens,
                         cached_tokens: num_cached_tokens,
                         completion_tokens: num_output_tokens,
+                        draft_tokens: num_draft_tokens,
+                        accepted_draft_tokens: num_accepted_draft_tokens,
                     },
                     prompt,
                 };

@@ -147,7 +147,7 @@ impl ServerMetrics {
         ] {
             let _ = writeln!(out, "vigil_requests_total{{status=\"{status}\"}} {v}");
         }
-        let counters: [(&str, &str, u64); 24] = [
+        let counters: [(&str, &str, u64); 28] = [
             (
                 "vigil_prompt_tokens_total",
                 "Prompt tokens of finished requests.",
@@ -264,6 +264,26 @@ impl ServerMetrics {
                 "Idle sessions' KV released under memory pressure.",
                 l(&engine.pin_evictions),
             ),
+            (
+                "vigil_spec_verifications_total",
+                "Speculative decoding: steps in which a sequence verified a draft.",
+                l(&engine.spec_drafts),
+            ),
+            (
+                "vigil_spec_proposed_tokens_total",
+                "Speculative decoding: draft tokens verified.",
+                l(&engine.spec_draft_tokens),
+            ),
+            (
+                "vigil_spec_accepted_tokens_total",
+                "Speculative decoding: draft tokens the model confirmed.",
+                l(&engine.spec_accepted_tokens),
+            ),
+            (
+                "vigil_spec_rejected_tokens_total",
+                "Speculative decoding: draft tokens dropped (their KV rolled back).",
+                l(&engine.spec_draft_tokens).saturating_sub(l(&engine.spec_accepted_tokens)),
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(
@@ -284,7 +304,23 @@ impl ServerMetrics {
             l(&engine.prefill_tokens) as f64 / prefill_steps as f64
         };
         let u = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed) as f64;
-        let gauges: [(&str, &str, f64); 8] = [
+        let (proposed, accepted) = (
+            l(&engine.spec_draft_tokens),
+            l(&engine.spec_accepted_tokens),
+        );
+        let acceptance = if proposed == 0 {
+            0.0
+        } else {
+            accepted as f64 / proposed as f64
+        };
+        let verifications = l(&engine.spec_drafts);
+        // vLLM's mean acceptance length: tokens a verifying step yields (accepted + 1).
+        let mean_accepted = if verifications == 0 {
+            0.0
+        } else {
+            1.0 + accepted as f64 / verifications as f64
+        };
+        let gauges: [(&str, &str, f64); 10] = [
             (
                 "vigil_sessions_live",
                 "Live sessions.",
@@ -324,6 +360,16 @@ impl ServerMetrics {
                 "vigil_prefill_tokens_per_step",
                 "Mean prompt tokens computed per step that computed any.",
                 mean_prefill,
+            ),
+            (
+                "vigil_spec_acceptance_rate",
+                "Speculative decoding: share of draft tokens accepted since start.",
+                acceptance,
+            ),
+            (
+                "vigil_spec_mean_accepted_length",
+                "Speculative decoding: tokens per verifying step (accepted drafts + 1).",
+                mean_accepted,
             ),
         ];
         for (name, help, v) in gauges {

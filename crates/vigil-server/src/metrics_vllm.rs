@@ -74,6 +74,21 @@ pub fn render(out: &mut String, m: &ServerMetrics, engine: &EngineStats, model: 
             "Sequences preempted by recompute.",
             l(&engine.preemptions),
         ),
+        (
+            "vllm:spec_decode_num_drafts_total",
+            "Speculative decoding: drafts verified.",
+            l(&engine.spec_drafts),
+        ),
+        (
+            "vllm:spec_decode_num_draft_tokens_total",
+            "Speculative decoding: draft tokens verified.",
+            l(&engine.spec_draft_tokens),
+        ),
+        (
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "Speculative decoding: draft tokens accepted.",
+            l(&engine.spec_accepted_tokens),
+        ),
     ];
     for (name, help, v) in counters {
         let _ = writeln!(

@@ -38,6 +38,8 @@ pub struct EngineOptions {
     /// Tokens of a whole step while session work is due (at most `max_batched_tokens`).
     pub session_step_budget: usize,
     pub enable_prefix_cache: bool,
+    /// Speculative decoding, server-wide (a request may choose its own method).
+    pub speculative: vigil_engine::speculative::SpecConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -323,8 +325,12 @@ fn build_state(
         enable_prefix_cache: opts.enable_prefix_cache,
         ..SchedulerConfig::default()
     };
-    let engine =
-        EngineHandle::spawn(move || LlmEngine::new(ModelRunner::new(model, kv), scheduler))?;
+    let speculative = opts.speculative.clone();
+    let engine = EngineHandle::spawn(move || {
+        let mut engine = LlmEngine::new(ModelRunner::new(model, kv), scheduler);
+        engine.spec = speculative;
+        engine
+    })?;
     let sessions = crate::session::SessionRegistry::new(
         config.session_ttl,
         config.max_sessions,

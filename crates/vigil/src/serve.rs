@@ -1,7 +1,8 @@
 //! `vigil serve`: the OpenAI- and Anthropic-compatible server over one engine.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
+use vigil_engine::speculative::{SpecConfig, SpecMethod};
 use vigil_model::load::LoadOptions;
 use vigil_server::{EngineOptions, ServerConfig};
 
@@ -50,6 +51,15 @@ pub struct ServeArgs {
     /// sooner under a full engine.
     #[arg(long, default_value_t = 256)]
     session_step_budget: usize,
+    /// Speculative decoding: `suffix` (drafts from the longest earlier match of the text's
+    /// end in the context, a session's history or a request's prediction), `ngram` (vLLM's
+    /// prompt lookup) or `off`. Output is identical either way; a request may pick its own
+    /// with `speculative`.
+    #[arg(long, default_value = "off")]
+    speculative: String,
+    /// Most draft tokens a sequence verifies in one step.
+    #[arg(long, default_value_t = 8)]
+    speculative_max_draft: usize,
     /// Sequences running at once.
     #[arg(long, default_value_t = 64)]
     max_seqs: usize,
@@ -175,6 +185,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         session_deadline_ms: args.session_deadline_ms,
         session_step_budget: args.session_step_budget.max(1),
         enable_prefix_cache: !args.no_prefix_cache,
+        speculative: speculative_config(&args.speculative, args.speculative_max_draft)?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -182,6 +193,22 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .build()?;
     runtime.block_on(vigil_server::serve(config, opts))?;
     Ok(())
+}
+
+fn speculative_config(method: &str, max_draft: usize) -> Result<SpecConfig> {
+    if method.starts_with("draft:") {
+        bail!(
+            "--speculative {method}: draft-model speculation is not built yet; use suffix or ngram"
+        );
+    }
+    let Some(method) = SpecMethod::parse(method) else {
+        bail!("--speculative {method}: expected off, ngram or suffix");
+    };
+    Ok(SpecConfig {
+        method,
+        max_draft: max_draft.clamp(1, 32),
+        ..SpecConfig::default()
+    })
 }
 
 fn seconds(flag: &str, s: f64) -> Result<std::time::Duration> {

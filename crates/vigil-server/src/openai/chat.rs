@@ -2,7 +2,7 @@
 //! JSON reply or as SSE `chat.completion.chunk`s ending in `data: [DONE]`.
 
 use super::messages::{template_messages, template_tools, tool_mode, ToolMode};
-use super::params::{max_tokens, sampling_params, stop_strings, MAX_TOP_LOGPROBS};
+use super::params::{max_tokens, prediction_text, sampling_params, stop_strings, MAX_TOP_LOGPROBS};
 use super::types::ChatCompletionRequest;
 use crate::error::{ApiError, Flavor};
 use crate::extract::parse_body;
@@ -119,11 +119,20 @@ async fn handle(
             ));
         }
     }
-    let sampling = sampling_params(
+    let mut sampling = sampling_params(
         &req.common(),
         state.tokenizer.vocab_size(),
         logprobs.then_some(req.top_logprobs.unwrap_or(0)),
     )?;
+    if let Some(text) = prediction_text(req.prediction.as_ref())? {
+        // A prediction is what speculative decoding drafts from: it turns it on for this
+        // request unless the request turned it off.
+        let ids = crate::cpu_jobs::encode(&state, text, false, "prediction").await?;
+        let spec = &mut sampling.speculative;
+        spec.prediction = Some(std::sync::Arc::from(ids));
+        spec.method
+            .get_or_insert(vigil_engine::speculative::SpecMethod::Suffix);
+    }
     let stop = stop_strings(&req.stop, "stop")?;
     let max_tokens = match req.max_tokens {
         Some(_) => max_tokens(req.max_tokens, "max_tokens")?,
@@ -222,7 +231,11 @@ async fn handle(
         choices.push(choice);
         match &mut total {
             // The prompt counts once, whatever the number of choices.
-            Some(t) => t.completion_tokens += usage.completion_tokens,
+            Some(t) => {
+                t.completion_tokens += usage.completion_tokens;
+                t.draft_tokens += usage.draft_tokens;
+                t.accepted_draft_tokens += usage.accepted_draft_tokens;
+            }
             None => total = Some(usage),
         }
     }
@@ -264,12 +277,21 @@ pub(crate) fn usage_json(u: &Usage) -> Value {
     if u.cached_tokens > 0 {
         details["prefix_cached_tokens"] = json!(u.cached_tokens);
     }
-    json!({
+    let mut usage = json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": details,
-    })
+    });
+    if u.draft_tokens > 0 {
+        // OpenAI's predicted-output counts: speculative draft tokens that the output kept,
+        // and those it did not.
+        usage["completion_tokens_details"] = json!({
+            "accepted_prediction_tokens": u.accepted_draft_tokens,
+            "rejected_prediction_tokens": u.draft_tokens - u.accepted_draft_tokens,
+        });
+    }
+    usage
 }
 
 fn logprobs_json(tokens: &[TokenInfo]) -> Value {

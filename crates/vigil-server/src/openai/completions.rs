@@ -164,11 +164,7 @@ async fn handle(
         return Ok(stream(state, rx, id, created, include_usage, logprobs));
     }
     let mut out = Vec::with_capacity(choices.len());
-    let mut usage = Usage {
-        prompt_tokens: 0,
-        cached_tokens: 0,
-        completion_tokens: 0,
-    };
+    let mut usage = Usage::default();
     for (index, (rx, scoring, first_of_prompt)) in choices.into_iter().enumerate() {
         let (mut choice, u) = collect(&state, rx, logprobs, scoring.as_ref().as_ref()).await?;
         choice["index"] = json!(index);
@@ -179,6 +175,8 @@ async fn handle(
             usage.cached_tokens += u.cached_tokens;
         }
         usage.completion_tokens += u.completion_tokens;
+        usage.draft_tokens += u.draft_tokens;
+        usage.accepted_draft_tokens += u.accepted_draft_tokens;
     }
     Ok(axum::Json(json!({
         "id": id, "object": "text_completion", "created": created,

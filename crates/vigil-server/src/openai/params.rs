@@ -4,6 +4,7 @@
 use super::types::{CommonParams, StopField};
 use crate::error::ApiError;
 use vigil_engine::sampling::SamplingParams;
+use vigil_engine::speculative::{SpecMethod, SpecRequest};
 
 pub const DEFAULT_TEMPERATURE: f32 = 0.6;
 pub const DEFAULT_TOP_P: f32 = 0.9;
@@ -86,11 +87,58 @@ pub fn sampling_params(
         min_tokens: p.min_tokens.unwrap_or(0),
         score_prompt_from: None,
         score_prompt_tokens: false,
+        speculative: SpecRequest {
+            method: speculative_method(p.speculative.as_deref())?,
+            prediction: None,
+        },
     };
     params
         .validate()
         .map_err(|e| ApiError::invalid(e.field, e.to_string()))?;
     Ok(params)
+}
+
+/// The `speculative` field: a method name, or absent for the server's.
+pub fn speculative_method(name: Option<&str>) -> Result<Option<SpecMethod>, ApiError> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    SpecMethod::parse(name).map(Some).ok_or_else(|| {
+        ApiError::invalid(
+            "speculative",
+            format!("`{name}` is not a method: use off, ngram or suffix"),
+        )
+    })
+}
+
+/// The text of OpenAI's `prediction` (`{"type": "content", "content": text or text parts}`),
+/// which speculative decoding drafts from.
+pub fn prediction_text(prediction: Option<&serde_json::Value>) -> Result<Option<String>, ApiError> {
+    let Some(p) = prediction else {
+        return Ok(None);
+    };
+    let bad = |why: &str| ApiError::invalid("prediction", why.to_string());
+    if p.get("type").and_then(|t| t.as_str()) != Some("content") {
+        return Err(bad("must be an object with `type: \"content\"`"));
+    }
+    match p.get("content") {
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(serde_json::Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part.get("type").and_then(|t| t.as_str()), part.get("text")) {
+                    (Some("text"), Some(serde_json::Value::String(s))) => text.push_str(s),
+                    _ => {
+                        return Err(bad(
+                            "content parts must be `{\"type\": \"text\", \"text\": ...}`",
+                        ))
+                    }
+                }
+            }
+            Ok(Some(text))
+        }
+        _ => Err(bad("`content` must be a string or a list of text parts")),
+    }
 }
 
 pub fn stop_strings(stop: &Option<StopField>, field: &str) -> Result<Vec<String>, ApiError> {

@@ -37,6 +37,8 @@ pub struct CommonParams {
     pub n: Option<u32>,
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
+    /// Vigil's: speculative decoding for this request (`off`, `ngram`, `suffix`).
+    pub speculative: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -59,6 +61,8 @@ pub struct ChatCompletionRequest {
     pub n: Option<u32>,
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
+    /// Vigil's: speculative decoding for this request (`off`, `ngram`, `suffix`).
+    pub speculative: Option<String>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub logprobs: Option<bool>,
@@ -93,6 +97,8 @@ pub struct ChatCompletionRequest {
     pub safety_identifier: Option<String>,
     pub verbosity: Option<String>,
     pub modalities: Option<Value>,
+    /// OpenAI's predicted outputs: text the answer is expected to resemble, which speculative
+    /// decoding drafts from.
     pub prediction: Option<Value>,
 }
 
@@ -201,6 +207,8 @@ pub struct CompletionRequest {
     pub n: Option<u32>,
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
+    /// Vigil's: speculative decoding for this request (`off`, `ngram`, `suffix`).
+    pub speculative: Option<String>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub logprobs: Option<u32>,
@@ -256,6 +264,7 @@ macro_rules! impl_common_params {
                     n: self.n,
                     ignore_eos: self.ignore_eos,
                     min_tokens: self.min_tokens,
+                    speculative: self.speculative.clone(),
                 }
             }
         }
