@@ -11,6 +11,10 @@ Part 2, `vigil bench` agent-loop and tool-loop against two servers of the same m
 `--speculative off` and one with `--speculative suffix`, as two targets of one run; decode rate
 = 1000 / itl_ms of each measured turn.
 
+Part 3, with --llamacpp DIR (scripts/setup_llamacpp.sh's build): llama-server on the same file,
+same threads, without and with its own n-gram speculation (`--spec-type ngram-simple`), on part
+1's prompts.
+
 Prints a Markdown table (medians with min-max, ratios against off) and writes every raw sample
 to OUT/speculative.json.
 
@@ -103,10 +107,13 @@ def start(vigil: str, model: str, threads: int, extra: list[str]) -> tuple[subpr
     sys.exit(f"server did not start: {log.name}")
 
 
-def stream_chat(url: str, prompt: str, method: str, max_tokens: int, ignore_eos: bool) -> dict:
+def stream_chat(url: str, prompt: str, method: str, max_tokens: int, ignore_eos: bool,
+                send_method: bool = True) -> dict:
     body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-            "speculative": method, "ignore_eos": ignore_eos}
+            "ignore_eos": ignore_eos}
+    if send_method:
+        body["speculative"] = method
     times, usage, text = [], None, []
     sent = time.perf_counter()
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
@@ -156,6 +163,49 @@ def part_one(url: str, rounds: int) -> list[dict]:
     return samples
 
 
+def start_llamacpp(bindir: str, model: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+    proc = subprocess.Popen(
+        [f"{bindir}/llama-server", "-m", model, "--port", str(port), "-t", str(threads), "-c", "4096",
+         "--jinja", *extra], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    sys.exit(f"llama-server did not start: {log.name}")
+
+
+def part_three(bindir: str, model: str, threads: int, rounds: int) -> list[dict]:
+    """llama-server without and with its n-gram speculation, alternating per prompt."""
+    servers = {}
+    samples = []
+    try:
+        servers["llama.cpp"] = start_llamacpp(bindir, model, threads, [])
+        servers["llama.cpp+ngram"] = start_llamacpp(bindir, model, threads, ["--spec-type", "ngram-simple"])
+        for r in range(rounds):
+            for kind, prompts, max_tokens, ignore in (("repeat", REPEAT, 400, False), ("free", FREE, 128, True)):
+                for i, p in enumerate(prompts):
+                    names = list(servers)
+                    if (r + i) % 2:
+                        names.reverse()
+                    for name in names:
+                        s = stream_chat(servers[name][1], p, name, max_tokens, ignore, send_method=False)
+                        s.update(workload=kind, prompt=i, round=r)
+                        samples.append(s)
+    finally:
+        for p, _ in servers.values():
+            p.terminate()
+            p.wait()
+    return samples
+
+
 def part_two(vigil: str, model: str, urls: dict[str, str], out: Path, turns: int) -> list[dict]:
     samples = []
     for workload in ("agent-loop", "tool-loop"):
@@ -184,6 +234,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--llamacpp", help="directory holding llama-server (scripts/setup_llamacpp.sh)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -207,16 +258,19 @@ def main() -> None:
             p.terminate()
             p.wait()
 
-    samples = one + two
+    three = part_three(args.llamacpp, args.model, args.threads, args.rounds) if args.llamacpp else []
+    samples = one + two + three
     (out / "speculative.json").write_text(json.dumps({
         "cpu": cpu, "isa": isa, "threads": args.threads, "model": os.path.basename(args.model),
         "command": " ".join(sys.argv), "samples": samples}, indent=1))
     print(f"CPU: {cpu}; {args.threads} threads; {os.path.basename(args.model)}")
-    print("| workload | method | decode tok/s, median (min–max) | × off (medians) | accepted / drafted |")
+    print("| workload | server, method | decode tok/s, median (min–max) | × without speculation (medians) | accepted / drafted |")
     print("|---|---|---|---|---|")
     for workload in ("repeat", "free", "agent-loop", "tool-loop"):
         base = [s["decode_tok_s"] for s in samples if s["workload"] == workload and s["method"] == "off" and s["decode_tok_s"]]
-        for m in METHODS:
+        for m in METHODS + ["llama.cpp", "llama.cpp+ngram"]:
+            if m == "llama.cpp":
+                base = [s["decode_tok_s"] for s in samples if s["workload"] == workload and s["method"] == m and s["decode_tok_s"]]
             rows = [s for s in samples if s["workload"] == workload and s["method"] == m and s["decode_tok_s"]]
             if not rows or not base:
                 continue

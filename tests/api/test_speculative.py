@@ -163,20 +163,24 @@ def test_completions_take_the_field_too(smol):
 
 
 @pytest.fixture(scope="module")
-def spec_server(gguf):
-    server = start_server("smollm2-spec", gguf, "--kv-memory", "256MiB", "--speculative", "suffix")
+def plain_server(gguf):
+    server = start_server("smollm2-nospec", gguf, "--kv-memory", "256MiB", "--speculative", "off")
     yield server
     server.stop()
 
 
-def test_server_wide_speculation_and_its_metrics(smol, spec_server, plain, janitor):
+def test_server_wide_speculation_and_its_metrics(smol, plain_server, plain, janitor):
+    """`smol` runs with the default, `--speculative suffix`."""
+    before = prom_value(smol.metrics_text(), "vigil_spec_accepted_tokens_total")
     for k in ("code", "list"):
-        assert answer(chat(spec_server, PROMPTS[k], None)) == answer(plain[k]), k
+        assert answer(chat(smol, PROMPTS[k], None)) == answer(plain[k]), k
+        assert answer(chat(plain_server, PROMPTS[k], None)) == answer(plain[k]), k
+    assert prom_value(plain_server.metrics_text(), "vigil_spec_proposed_tokens_total") == 0
     # A session generate (the session's whole history is the context the drafts come from)
     # answers exactly as on the server without speculation.
     entries = [f"reading {i}: sensor A at {20 + i % 3} C, sensor B at {30 - i % 4} C" for i in range(12)]
     answers = []
-    for server in (smol, spec_server):
+    for server in (plain_server, smol):
         sid = janitor.create(server)["id"]
         r = httpx.post(f"{server.v1}/sessions/{sid}/push", json={"data": entries, "wait": True}, timeout=120)
         assert r.status_code == 200, r.text
@@ -185,7 +189,8 @@ def test_server_wide_speculation_and_its_metrics(smol, spec_server, plain, janit
         assert g.status_code == 200, g.text
         answers.append(g.json()["text"])
     assert answers[0] == answers[1]
-    m = spec_server.metrics_text()
+    m = smol.metrics_text()
+    assert prom_value(m, "vigil_spec_accepted_tokens_total") > before
     proposed = prom_value(m, "vigil_spec_proposed_tokens_total")
     accepted_ = prom_value(m, "vigil_spec_accepted_tokens_total")
     assert 0 < accepted_ <= proposed

@@ -55,10 +55,10 @@ pub struct ServeArgs {
     /// end in the context, a session's history or a request's prediction), `ngram` (vLLM's
     /// prompt lookup) or `off`. Output is identical either way; a request may pick its own
     /// with `speculative`.
-    #[arg(long, default_value = "off")]
+    #[arg(long, default_value = "suffix")]
     speculative: String,
     /// Most draft tokens a sequence verifies in one step.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     speculative_max_draft: usize,
     /// Sequences running at once.
     #[arg(long, default_value_t = 64)]
