@@ -87,13 +87,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(vigil: str, model: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="vigil-spec-", suffix=".log", delete=False)
-    proc = subprocess.Popen(
-        [vigil, "serve", "--model", model, "--port", str(port), "--threads", str(threads),
-         "--kv-memory", "512MiB", "--no-persist", *extra],
-        stdout=log, stderr=subprocess.STDOUT)
+def launch(command: list[str], port: int, name: str) -> tuple[subprocess.Popen, str]:
+    """Start a server and wait for its /health; its log goes to a temporary file."""
+    log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -104,7 +101,13 @@ def start(vigil: str, model: str, threads: int, extra: list[str]) -> tuple[subpr
             pass
         time.sleep(0.2)
     proc.kill()
-    sys.exit(f"server did not start: {log.name}")
+    sys.exit(f"{name} did not start: {log.name}")
+
+
+def start(vigil: str, model: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    return launch([vigil, "serve", "--model", model, "--port", str(port), "--threads", str(threads),
+                   "--kv-memory", "512MiB", "--no-persist", *extra], port, "vigil-spec")
 
 
 def stream_chat(url: str, prompt: str, method: str, max_tokens: int, ignore_eos: bool,
@@ -165,21 +168,8 @@ def part_one(url: str, rounds: int) -> list[dict]:
 
 def start_llamacpp(bindir: str, model: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
-    proc = subprocess.Popen(
-        [f"{bindir}/llama-server", "-m", model, "--port", str(port), "-t", str(threads), "-c", "4096",
-         "--jinja", *extra], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    sys.exit(f"llama-server did not start: {log.name}")
+    return launch([f"{bindir}/llama-server", "-m", model, "--port", str(port), "-t", str(threads), "-c", "4096",
+                   "--jinja", *extra], port, "llama-server")
 
 
 def part_three(bindir: str, model: str, threads: int, rounds: int) -> list[dict]:

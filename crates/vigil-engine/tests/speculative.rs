@@ -190,26 +190,45 @@ fn sampled_outputs_keep_their_distribution() {
     }
 }
 
+/// One request's greedy tokens without speculation.
+fn plain(prompt: &[u32], max_tokens: usize) -> Vec<Token> {
+    let request = (prompt.to_vec(), greedy(), stop(max_tokens, vec![]));
+    run(&mut engine(SpecMethod::Off), &[request]).remove(0)
+}
+
+fn predicting(prediction: Vec<u32>) -> SamplingParams {
+    SamplingParams {
+        speculative: SpecRequest {
+            method: Some(SpecMethod::Suffix),
+            prediction: Some(Arc::from(prediction)),
+        },
+        ..greedy()
+    }
+}
+
 #[test]
 fn stop_tokens_and_max_tokens_end_a_verification_where_decoding_ends() {
-    let prompt = prompts()[0].clone();
-    let plain = run(
-        &mut engine(SpecMethod::Off),
-        &[(prompt.clone(), greedy(), stop(40, vec![]))],
-    );
-    let tokens: Vec<u32> = plain[0].iter().map(|t| t.0).collect();
-    // A stop token the draft will run through: the tenth generated token.
-    let stop_at = tokens[9];
+    // The output runs 141 ×16, 232 ×14, 322 ×18; predicted exactly, the first 232 arrives
+    // inside an accepted draft, and as a stop token it ends the sequence there.
+    let prompt = prompts()[1].clone();
+    let plain = plain(&prompt, 48);
+    let tokens: Vec<u32> = plain.iter().map(|t| t.0).collect();
+    let stop_at = tokens[20];
     let first = tokens.iter().position(|&t| t == stop_at).unwrap();
-    let mut e = engine(SpecMethod::Suffix);
-    let cut = run(
-        &mut e,
-        &[(prompt.clone(), greedy(), stop(40, vec![stop_at]))],
+    assert!(first > 8, "the stop token comes after drafts");
+    let mut e = engine(SpecMethod::Off);
+    let params = predicting(tokens.clone());
+    let cut = run(&mut e, &[(prompt.clone(), params, stop(48, vec![stop_at]))]);
+    assert_eq!(cut[0], plain[..=first]);
+    assert!(
+        e.spec_stats.accepted_tokens > first as u64 / 2,
+        "{:?}",
+        e.spec_stats
     );
-    assert_eq!(cut[0], plain[0][..=first]);
-    for max in [1, 2, 5, 11] {
+    let mut e = engine(SpecMethod::Suffix);
+    for max in [1, 2, 5, 11, 17] {
         let out = run(&mut e, &[(prompt.clone(), greedy(), stop(max, vec![]))]);
-        assert_eq!(out[0], plain[0][..max], "max_tokens {max}");
+        assert_eq!(out[0], plain[..max], "max_tokens {max}");
     }
 }
 
@@ -219,18 +238,9 @@ fn stop_tokens_and_max_tokens_end_a_verification_where_decoding_ends() {
 #[test]
 fn a_prediction_drafts_the_expected_output() {
     let prompt = prompts()[1].clone();
-    let plain = run(
-        &mut engine(SpecMethod::Off),
-        &[(prompt.clone(), greedy(), stop(48, vec![]))],
-    );
+    let plain = vec![plain(&prompt, 48)];
     let expected: Vec<u32> = plain[0].iter().map(|t| t.0).collect();
-    let with = |prediction: Vec<u32>| SamplingParams {
-        speculative: SpecRequest {
-            method: Some(SpecMethod::Suffix),
-            prediction: Some(Arc::from(prediction)),
-        },
-        ..greedy()
-    };
+    let with = predicting;
     // Without a prediction the context's loops mispredict where the output changes.
     let mut e = engine(SpecMethod::Suffix);
     assert_eq!(
