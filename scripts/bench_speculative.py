@@ -38,6 +38,8 @@ from pathlib import Path
 
 import httpx
 
+from sse_chunks import stream_chunks
+
 PAGE = """<html>
   <head>
     <title>Index</title>
@@ -119,18 +121,13 @@ def stream_chat(url: str, prompt: str, method: str, max_tokens: int, ignore_eos:
         body["speculative"] = method
     times, usage, text = [], None, []
     sent = time.perf_counter()
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for c in chunk.get("choices", []):
-                if c.get("delta", {}).get("content"):
-                    times.append(time.perf_counter())
-                    text.append(c["delta"]["content"])
+    for chunk in stream_chunks(url + "/v1/chat/completions", body):
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for c in chunk.get("choices", []):
+            if c.get("delta", {}).get("content"):
+                times.append(time.perf_counter())
+                text.append(c["delta"]["content"])
     n = usage["completion_tokens"]
     details = usage.get("completion_tokens_details") or {}
     span = times[-1] - times[0] if len(times) > 1 else float("nan")

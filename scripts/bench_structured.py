@@ -24,6 +24,8 @@ import time
 
 import httpx
 
+from sse_chunks import stream_chunks
+
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -70,18 +72,13 @@ def one(url: str, i: int, constrained: bool, max_tokens: int, out: list) -> None
         body["ignore_eos"] = True
     times = []
     text, finish = "", None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            for c in chunk.get("choices", []):
-                finish = c.get("finish_reason") or finish
-                piece = c["delta"].get("content")
-                if piece:
-                    times.append(time.perf_counter())
-                    text += piece
+    for chunk in stream_chunks(url + "/v1/chat/completions", body):
+        for c in chunk.get("choices", []):
+            finish = c.get("finish_reason") or finish
+            piece = c["delta"].get("content")
+            if piece:
+                times.append(time.perf_counter())
+                text += piece
     if constrained and finish == "stop":
         json.loads(text)  # a constrained answer that finished must parse
     out.append({"tokens": len(times), "finish": finish, "itl_ms": [(b - a) * 1e3 for a, b in zip(times, times[1:])],
