@@ -12,7 +12,7 @@ import concurrent.futures as cf
 import httpx
 import pytest
 
-from conftest import prom_value, start_server
+from conftest import TINY, prom_value, start_server
 from test_openai_sdk import make_client
 
 # Markup to repeat with one change: the shape of an edit an agent asks for (SmolLM2-135M follows
@@ -202,11 +202,49 @@ def test_server_wide_speculation_and_its_metrics(smol, plain_server, plain, jani
     assert prom_value(m, "vllm:spec_decode_num_draft_tokens_total") == proposed
 
 
-def test_a_draft_model_is_refused_at_start(gguf, tmp_path):
-    server = start_server("smollm2-draft", gguf, "--speculative", "draft:/nowhere.gguf", wait=False)
+@pytest.fixture(scope="module")
+def tiny_pair():
+    """The tiny Llama with its BF16-rounded copy as draft model, and the same target without
+    speculation."""
+    target = str(TINY / "llama")
+    with_draft = start_server("tiny-draft", target, "--kv-memory", "16MiB", "--no-persist",
+                              "--speculative", f"draft:{TINY / 'llama_bf16'}")
+    plain_ = start_server("tiny-nodraft", target, "--kv-memory", "16MiB", "--no-persist", "--speculative", "off")
+    yield with_draft, plain_
+    with_draft.stop()
+    plain_.stop()
+
+
+def test_a_draft_model_drafts_and_changes_nothing(tiny_pair):
+    with_draft, plain_ = tiny_pair
+    for prompt in ("hello world", "the cat sat on the mat and the cat", "1 2 3 4 5 6"):
+        bodies = [httpx.post(s.v1 + "/completions", json={
+            "prompt": prompt, "max_tokens": 40, "temperature": 0, "logprobs": 2, "ignore_eos": True}, timeout=120).json()
+            for s in (plain_, with_draft)]
+        assert bodies[0]["choices"] == bodies[1]["choices"], prompt
+        assert bodies[1]["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0, prompt
+    # Seeded sampling too, and the request's own method still works beside the draft model.
+    for method in (None, "suffix"):
+        extra = {} if method is None else {"speculative": method}
+        bodies = [httpx.post(s.v1 + "/completions", json={
+            "prompt": "once upon a time", "max_tokens": 30, "temperature": 0.8, "seed": 7, "ignore_eos": True, **extra},
+            timeout=120).json() for s in (plain_, with_draft)]
+        assert bodies[0]["choices"][0]["text"] == bodies[1]["choices"][0]["text"], method
+    m = with_draft.metrics_text()
+    assert prom_value(m, "vigil_spec_accepted_tokens_total") > 0
+    assert "draft model: " in with_draft.log_tail()
+
+
+def test_draft_needs_a_server_with_a_draft_model(smol):
+    r = httpx.post(smol.v1 + "/completions", json={"prompt": "hi", "max_tokens": 2, "speculative": "draft"}, timeout=30)
+    assert r.status_code == 400 and "--speculative draft:PATH" in r.json()["error"]["message"], r.text
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused_at_start(gguf):
+    server = start_server("smollm2-draft", gguf, "--no-persist", "--speculative", f"draft:{TINY / 'llama'}", wait=False)
     try:
-        code = server.wait_exit(60)
+        code = server.wait_exit(120)
     finally:
         server.stop()
     assert code != 0
-    assert "draft-model speculation is not built yet" in server.log_tail()
+    assert "a draft model needs the target's vocabulary" in server.log_tail()

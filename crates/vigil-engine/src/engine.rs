@@ -7,7 +7,7 @@ use crate::pins::{PinKey, PinKv, PinSave, PinStore, PinUse};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::sequence::{FinishReason, Priority, SeqId, SeqStatus, Sequence, StopCriteria};
-use crate::speculative::{self, SpecConfig, SpecMethod, SpecStats};
+use crate::speculative::{self, DraftModel, DraftRequest, SpecConfig, SpecMethod, SpecStats};
 use std::collections::{HashMap, HashSet};
 
 /// One token produced for one sequence in a step.
@@ -41,6 +41,8 @@ pub struct LlmEngine {
     /// Speculative decoding: the server-wide settings and the counters since start.
     pub spec: SpecConfig,
     pub spec_stats: SpecStats,
+    /// The draft model, when the server has one (`SpecMethod::Draft`).
+    pub draft: Option<DraftModel>,
     next_id: SeqId,
     logits_row: Vec<f32>,
 }
@@ -57,6 +59,7 @@ impl LlmEngine {
             pins: PinStore::default(),
             spec: SpecConfig::default(),
             spec_stats: SpecStats::default(),
+            draft: None,
             next_id: 1,
             logits_row: Vec::new(),
         }
@@ -360,6 +363,7 @@ impl LlmEngine {
     /// token after the draft counts too.
     fn propose_drafts(&mut self) {
         let config = &self.spec;
+        let mut for_draft_model = Vec::new();
         for id in &self.scheduler.running {
             let Some(seq) = self.seqs.get_mut(id) else {
                 continue;
@@ -378,10 +382,35 @@ impl LlmEngine {
                 seq.spec.idle();
                 continue;
             }
+            if method == SpecMethod::Draft {
+                for_draft_model.push((*id, len));
+                continue;
+            }
             let prediction = request.prediction.as_deref();
             let output = seq.num_output_tokens();
             let context = &seq.token_ids;
             speculative::propose(method, context, output, prediction, len, &mut seq.draft);
+        }
+        if let Some(draft) = self.draft.as_mut() {
+            let running = &self.scheduler.running;
+            draft.retain(|id| running.contains(&id));
+            let requests: Vec<DraftRequest> = (for_draft_model.iter())
+                .filter_map(|&(seq_id, len)| {
+                    let context = &self.seqs.get(&seq_id)?.token_ids;
+                    Some(DraftRequest {
+                        seq_id,
+                        context,
+                        len,
+                    })
+                })
+                .collect();
+            let drafts = draft.propose(&requests);
+            let ids: Vec<SeqId> = requests.iter().map(|r| r.seq_id).collect();
+            for (id, tokens) in ids.into_iter().zip(drafts) {
+                if let Some(seq) = self.seqs.get_mut(&id) {
+                    seq.draft = tokens;
+                }
+            }
         }
     }
 

@@ -111,6 +111,13 @@ fn priority_churn_with_speculation_keeps_invariants() {
     churn(SpecMethod::Suffix);
 }
 
+/// And with a draft model (the target's weights in BF16), whose own KV follows every
+/// preemption, abort and rollback.
+#[test]
+fn priority_churn_with_a_draft_model_keeps_invariants() {
+    churn(SpecMethod::Draft);
+}
+
 fn churn(method: SpecMethod) {
     // 32 blocks of 4 tokens against 20-45 token sequences: the pool runs out, so the scheduler
     // preempts; four shared prefixes make prefix-cache hits.
@@ -129,6 +136,9 @@ fn churn(method: SpecMethod) {
     };
     let mut e = engine(32, config);
     e.spec.method = method;
+    if method == SpecMethod::Draft {
+        common::attach_draft(&mut e, "llama_bf16", 64);
+    }
     let mut rng = Lcg(11);
     let shared: Vec<Vec<u32>> = (0..4).map(|i| rng.tokens(8 + 4 * i)).collect();
     let classes = [Priority::Foreground, Priority::Ingest, Priority::Background];
@@ -198,6 +208,11 @@ fn churn(method: SpecMethod) {
     }
 
     assert!(e.seqs.is_empty(), "sequences left behind");
+    if e.draft.is_some() {
+        e.step().unwrap();
+        let used = e.draft.as_ref().map(|d| d.num_used_blocks());
+        assert_eq!(used, Some(0), "draft blocks leaked");
+    }
     assert_eq!(e.pool.borrow().num_used_blocks(), 0, "blocks leaked");
     assert_eq!((e.num_running(), e.num_waiting()), (0, 0));
     let preemptions: usize = c.preempted.values().sum();

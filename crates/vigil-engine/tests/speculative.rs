@@ -272,3 +272,71 @@ fn a_prediction_drafts_the_expected_output() {
         plain
     );
 }
+
+fn engine_with_draft(dir: &str) -> LlmEngine {
+    let mut e = engine(SpecMethod::Draft);
+    common::attach_draft(&mut e, dir, 512);
+    e
+}
+
+/// A draft model proposes; the target's output does not change, whether the draft agrees
+/// almost always (the same weights rounded to BF16) or seldom (an unrelated model of the same
+/// vocabulary), greedy or seeded; the draft model's own blocks all come back.
+#[test]
+fn a_draft_model_changes_no_output() {
+    let greedy_requests: Vec<_> = (prompts().into_iter())
+        .map(|p| (p, greedy(), stop(60, vec![])))
+        .collect();
+    let sampled = |seed: u64| SamplingParams {
+        temperature: 0.7,
+        top_k: 20,
+        seed: Some(seed),
+        logprobs: Some(1),
+        ..SamplingParams::default()
+    };
+    let sampled_requests: Vec<_> = (0..12)
+        .map(|seed| {
+            (
+                prompts()[seed as usize % 3].clone(),
+                sampled(seed),
+                stop(40, vec![]),
+            )
+        })
+        .collect();
+    let plain_greedy = run(&mut engine(SpecMethod::Off), &greedy_requests);
+    let plain_sampled = run(&mut engine(SpecMethod::Off), &sampled_requests);
+    for (dir, agrees) in [("llama_bf16", true), ("qwen3", false)] {
+        let mut e = engine_with_draft(dir);
+        assert_eq!(run(&mut e, &greedy_requests), plain_greedy, "{dir} greedy");
+        let greedy_stats = e.spec_stats;
+        assert_eq!(
+            run(&mut e, &sampled_requests),
+            plain_sampled,
+            "{dir} sampled"
+        );
+        for (i, r) in greedy_requests.iter().enumerate() {
+            assert_eq!(
+                run(&mut e, std::slice::from_ref(r))[0],
+                plain_greedy[i],
+                "{dir} alone {i}"
+            );
+        }
+        let s = greedy_stats;
+        eprintln!("{dir}: greedy {s:?}, in all {:?}", e.spec_stats);
+        assert!(
+            s.proposed_tokens > 0,
+            "{dir}: the draft model never proposed"
+        );
+        if agrees {
+            assert!(
+                s.accepted_tokens * 10 >= s.proposed_tokens * 9,
+                "{dir}: a near-copy of the target should be accepted: {s:?}"
+            );
+        } else {
+            assert!(s.accepted_tokens < s.proposed_tokens, "{dir}: {s:?}");
+        }
+        e.step().unwrap();
+        let draft = e.draft.as_ref().unwrap();
+        assert_eq!(draft.num_used_blocks(), 0, "{dir}: draft blocks leaked");
+    }
+}

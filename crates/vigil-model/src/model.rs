@@ -69,6 +69,13 @@ impl Model {
         }
     }
 
+    /// Run on `other`'s kernel threads instead of this model's own (a draft model beside its
+    /// target: the two never run at once, and one pool spinning idle beside the other would
+    /// take a core from it).
+    pub fn share_pool(&mut self, other: &Model) {
+        self.pool = other.pool.clone();
+    }
+
     /// Move KV rows (source slot, destination slot) `delta` positions, re-rotating the keys
     /// with this model's RoPE (see `KvCache::move_rows_rotating_keys`). The moved tokens'
     /// KV still reflects the context they were computed in: an approximation.

@@ -4,6 +4,7 @@
 
 pub mod anthropic;
 pub mod cpu_jobs;
+pub mod draft_model;
 pub mod edge;
 pub mod error;
 pub mod extract;

@@ -16,6 +16,7 @@ use vigil_engine::engine::LlmEngine;
 use vigil_engine::engine_thread::EngineHandle;
 use vigil_engine::model_runner::ModelRunner;
 use vigil_engine::scheduler::SchedulerConfig;
+use vigil_engine::speculative::DraftModel;
 use vigil_model::kv_cache::{KvCache, KvDtype};
 use vigil_model::load::{LoadOptions, LoadedModel};
 
@@ -40,6 +41,8 @@ pub struct EngineOptions {
     pub enable_prefix_cache: bool,
     /// Speculative decoding, server-wide (a request may choose its own method).
     pub speculative: vigil_engine::speculative::SpecConfig,
+    /// The draft model for `SpecMethod::Draft`, if one was given.
+    pub draft_model: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,23 +96,41 @@ pub async fn serve(config: ServerConfig, opts: EngineOptions) -> Result<(), Serv
 
     let path = opts.model_path.clone();
     let load_opts = opts.load.clone();
-    let loaded = tokio::task::spawn_blocking(move || vigil_model::load::load(&path, &load_opts))
-        .await
-        .map_err(|e| ServeError::Load {
-            path: opts.model_path.display().to_string(),
-            message: e.to_string(),
-        })?
-        .map_err(|e| ServeError::Load {
-            path: opts.model_path.display().to_string(),
-            message: e.to_string(),
-        })?;
+    let mut loaded =
+        tokio::task::spawn_blocking(move || vigil_model::load::load(&path, &load_opts))
+            .await
+            .map_err(|e| ServeError::Load {
+                path: opts.model_path.display().to_string(),
+                message: e.to_string(),
+            })?
+            .map_err(|e| ServeError::Load {
+                path: opts.model_path.display().to_string(),
+                message: e.to_string(),
+            })?;
+    let draft = match opts.draft_model.clone() {
+        Some(path) => {
+            let load_opts = opts.load.clone();
+            let (draft, loaded_back) = tokio::task::spawn_blocking(move || {
+                let draft = crate::draft_model::load(&path, &load_opts, &loaded);
+                (draft, loaded)
+            })
+            .await
+            .map_err(|e| ServeError::Load {
+                path: opts.model_path.display().to_string(),
+                message: e.to_string(),
+            })?;
+            loaded = loaded_back;
+            Some(draft?)
+        }
+        None => None,
+    };
     let (journal, kv_disk, restored) = open_journal(&config, &sizing, &loaded)?;
     let state = build_state(
         config.clone(),
         &opts,
         &sizing,
         started,
-        loaded,
+        (loaded, draft),
         journal,
         kv_disk,
     )?;
@@ -285,7 +306,7 @@ fn build_state(
     opts: &EngineOptions,
     sizing: &Sizing,
     started: Instant,
-    loaded: LoadedModel,
+    (loaded, draft): (LoadedModel, Option<vigil_model::model::Model>),
     journal: crate::session::journal::Journal,
     kv_disk: Option<Arc<crate::session::journal::kv_disk::KvDisk>>,
 ) -> Result<Arc<AppState>, ServeError> {
@@ -326,9 +347,32 @@ fn build_state(
         ..SchedulerConfig::default()
     };
     let speculative = opts.speculative.clone();
+    let draft_model = draft.is_some();
+    let block_size = opts.block_size;
     let engine = EngineHandle::spawn(move || {
+        // Built here: the draft's block pool belongs to the engine thread.
+        let draft = draft.map(|mut d| {
+            // As many KV tokens as the target's pool (the draft's own memory, beside --kv-memory).
+            d.share_pool(&model);
+            let c = &d.config;
+            let kv = KvCache::new(
+                c.num_layers,
+                c.kv_dim(),
+                num_blocks,
+                block_size,
+                KvDtype::F16,
+            );
+            let bytes = kv.num_blocks * kv.block_size * c.num_layers * c.kv_dim() * 4;
+            tracing::info!(
+                "draft model: {} MiB of KV for {} tokens",
+                bytes >> 20,
+                num_blocks * block_size
+            );
+            DraftModel::new(d, num_blocks, block_size, kv)
+        });
         let mut engine = LlmEngine::new(ModelRunner::new(model, kv), scheduler);
         engine.spec = speculative;
+        engine.draft = draft;
         engine
     })?;
     let sessions = crate::session::SessionRegistry::new(
@@ -356,6 +400,7 @@ fn build_state(
         tool_format,
         generic_tools,
         supports_thinking,
+        draft_model,
         grammars: std::sync::OnceLock::new(),
     }))
 }

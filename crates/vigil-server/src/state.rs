@@ -52,6 +52,8 @@ pub struct AppState {
     /// into plain turns in the Hermes syntax (`generic_tools.rs`), and `tool_format` is Hermes.
     pub generic_tools: bool,
     pub supports_thinking: bool,
+    /// A draft model was given (`--speculative draft:PATH`): requests may ask for `draft`.
+    pub draft_model: bool,
     /// The grammar tables of structured outputs, built on first use (`structured.rs`).
     pub grammars: std::sync::OnceLock<Result<Arc<vigil_engine::grammar::Grammars>, String>>,
     pub sessions: crate::session::SessionRegistry,

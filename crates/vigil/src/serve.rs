@@ -53,8 +53,9 @@ pub struct ServeArgs {
     session_step_budget: usize,
     /// Speculative decoding: `suffix` (drafts from the longest earlier match of the text's
     /// end in the context, a session's history or a request's prediction), `ngram` (vLLM's
-    /// prompt lookup) or `off`. Output is identical either way; a request may pick its own
-    /// with `speculative`.
+    /// prompt lookup), `draft:PATH` (a smaller model of the same vocabulary drafts greedily;
+    /// its KV takes as many tokens as the target's, beside --kv-memory) or `off`. Output is
+    /// identical either way; a request may pick its own with `speculative`.
     #[arg(long, default_value = "suffix")]
     speculative: String,
     /// Most draft tokens a sequence verifies in one step.
@@ -186,6 +187,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         session_step_budget: args.session_step_budget.max(1),
         enable_prefix_cache: !args.no_prefix_cache,
         speculative: speculative_config(&args.speculative, args.speculative_max_draft)?,
+        draft_model: args.speculative.strip_prefix("draft:").map(PathBuf::from),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -196,13 +198,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
 }
 
 fn speculative_config(method: &str, max_draft: usize) -> Result<SpecConfig> {
-    if method.starts_with("draft:") {
-        bail!(
-            "--speculative {method}: draft-model speculation is not built yet; use suffix or ngram"
-        );
-    }
-    let Some(method) = SpecMethod::parse(method) else {
-        bail!("--speculative {method}: expected off, ngram or suffix");
+    let method = match method.strip_prefix("draft:") {
+        Some("") => bail!("--speculative draft:PATH needs the draft model's path"),
+        Some(_) => SpecMethod::Draft,
+        None => match SpecMethod::parse(method) {
+            Some(SpecMethod::Draft) | None => {
+                bail!("--speculative {method}: expected off, ngram, suffix or draft:PATH")
+            }
+            Some(m) => m,
+        },
     };
     Ok(SpecConfig {
         method,

@@ -12,12 +12,15 @@
 //! output, are identical with and without speculation; unseeded output keeps its distribution.
 //!
 //! Files: `ngram.rs` (prompt lookup), `suffix.rs` (longest-suffix match over the context and a
-//! request's prediction), `policy.rs` (how many tokens to propose, from the acceptance seen).
+//! request's prediction), `draft.rs` (a smaller model of the same vocabulary), `policy.rs` (how
+//! many tokens to propose, from the acceptance seen).
 
+mod draft;
 mod ngram;
 mod policy;
 mod suffix;
 
+pub use draft::{DraftModel, DraftRequest};
 pub use policy::SpecState;
 
 use std::sync::Arc;
@@ -35,6 +38,8 @@ pub enum SpecMethod {
     /// context or the request's prediction, and what followed it; longer matches may propose
     /// more.
     Suffix,
+    /// The server's draft model (`--speculative draft:PATH`), greedily.
+    Draft,
 }
 
 impl SpecMethod {
@@ -43,6 +48,7 @@ impl SpecMethod {
             "off" | "none" => Some(SpecMethod::Off),
             "ngram" => Some(SpecMethod::Ngram),
             "suffix" => Some(SpecMethod::Suffix),
+            "draft" => Some(SpecMethod::Draft),
             _ => None,
         }
     }
@@ -52,6 +58,7 @@ impl SpecMethod {
             SpecMethod::Off => "off",
             SpecMethod::Ngram => "ngram",
             SpecMethod::Suffix => "suffix",
+            SpecMethod::Draft => "draft",
         }
     }
 }
@@ -126,7 +133,8 @@ pub fn propose(
         }
     }
     match method {
-        SpecMethod::Off => {}
+        // The draft model proposes through `DraftModel::propose`, all sequences at once.
+        SpecMethod::Off | SpecMethod::Draft => {}
         SpecMethod::Ngram => ngram::propose(context, prediction, max, out),
         SpecMethod::Suffix => suffix::propose(context, prediction, max, out),
     }

@@ -31,6 +31,25 @@ pub fn tiny_engine(num_blocks: usize, config: SchedulerConfig, threads: usize) -
     LlmEngine::new(ModelRunner::new(model, kv), config)
 }
 
+/// Give `engine` a draft model from `tests/fixtures/tiny/{dir}` (same vocabulary as the tiny
+/// Llama) with `num_blocks` f32 KV blocks, on the engine's kernel threads.
+pub fn attach_draft(engine: &mut LlmEngine, dir: &str, num_blocks: usize) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny")
+        .join(dir);
+    let opts = LoadOptions {
+        threads: Some(1),
+        ..LoadOptions::default()
+    };
+    let mut model = vigil_model::load::load(&path, &opts).unwrap().model;
+    model.share_pool(&engine.runner.model);
+    let c = &model.config;
+    let kv = KvCache::new(c.num_layers, c.kv_dim(), num_blocks, BLOCK, KvDtype::F32);
+    engine.draft = Some(vigil_engine::speculative::DraftModel::new(
+        model, num_blocks, BLOCK, kv,
+    ));
+}
+
 pub struct Lcg(pub u64);
 
 impl Lcg {

@@ -124,6 +124,7 @@ async fn handle(
         state.tokenizer.vocab_size(),
         logprobs.then_some(req.top_logprobs.unwrap_or(0)),
     )?;
+    super::params::check_speculative(&sampling, state.draft_model)?;
     if let Some(text) = prediction_text(req.prediction.as_ref())? {
         // A prediction is what speculative decoding drafts from: it turns it on for this
         // request unless the request turned it off.

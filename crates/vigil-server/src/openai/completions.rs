@@ -71,6 +71,7 @@ async fn handle(
     // The sampler's top list serves both the completion's and the prompt's alternatives.
     let top = logprobs.max(prompt_logprobs);
     let sampling = sampling_params(&req.common(), vocab, top)?;
+    super::params::check_speculative(&sampling, state.draft_model)?;
     let structured = req.structured().spec()?;
     let prompts = match req.prompt {
         PromptField::Text(t) => vec![encode(&state, t).await?],

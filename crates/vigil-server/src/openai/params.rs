@@ -98,6 +98,17 @@ pub fn sampling_params(
     Ok(params)
 }
 
+/// A request asking for the draft model on a server without one is refused.
+pub fn check_speculative(sampling: &SamplingParams, draft_model: bool) -> Result<(), ApiError> {
+    if sampling.speculative.method == Some(SpecMethod::Draft) && !draft_model {
+        return Err(ApiError::invalid(
+            "speculative",
+            "`draft` needs a server started with --speculative draft:PATH",
+        ));
+    }
+    Ok(())
+}
+
 /// The `speculative` field: a method name, or absent for the server's.
 pub fn speculative_method(name: Option<&str>) -> Result<Option<SpecMethod>, ApiError> {
     let Some(name) = name else {
@@ -106,7 +117,7 @@ pub fn speculative_method(name: Option<&str>) -> Result<Option<SpecMethod>, ApiE
     SpecMethod::parse(name).map(Some).ok_or_else(|| {
         ApiError::invalid(
             "speculative",
-            format!("`{name}` is not a method: use off, ngram or suffix"),
+            format!("`{name}` is not a method: use off, ngram, suffix or draft"),
         )
     })
 }
