@@ -11,6 +11,11 @@ Part 2, `vigil bench` agent-loop and tool-loop against two servers of the same m
 `--speculative off` and one with `--speculative suffix`, as two targets of one run; decode rate
 = 1000 / itl_ms of each measured turn.
 
+Part 4, with --concurrency N: N streams at once on one server, every stream of a round using
+the same method (rounds alternate off / suffix): free text (each stream one of the free
+prompts, 128 tokens) and the repeat. Aggregate output tok/s = all tokens / the round's wall
+time, beside each stream's decode rate.
+
 Part 3, with --llamacpp DIR (scripts/setup_llamacpp.sh's build): llama-server on the same file,
 same threads, without and with its own n-gram speculation (`--spec-type ngram-simple`), on part
 1's prompts.
@@ -193,6 +198,28 @@ def part_three(bindir: str, model: str, threads: int, rounds: int) -> list[dict]
     return samples
 
 
+def part_four(url: str, streams: int, rounds: int) -> list[dict]:
+    import concurrent.futures as cf
+    samples = []
+    for r in range(rounds):
+        for kind, prompts, max_tokens, ignore in (("repeat", REPEAT, 400, False), ("free", FREE, 128, True)):
+            order = ["off", "suffix"] if r % 2 == 0 else ["suffix", "off"]
+            for m in order:
+                t0 = time.perf_counter()
+                with cf.ThreadPoolExecutor(streams) as pool:
+                    futures = [pool.submit(stream_chat, url, prompts[i % len(prompts)], m, max_tokens, ignore)
+                               for i in range(streams)]
+                    results = [f.result() for f in futures]
+                wall = time.perf_counter() - t0
+                tokens = sum(x["tokens"] for x in results)
+                samples.append({"workload": f"{kind} ×{streams}", "method": m, "round": r,
+                                "aggregate_tok_s": tokens / wall,
+                                "decode_tok_s": statistics.median(x["decode_tok_s"] for x in results if x["decode_tok_s"]),
+                                "accepted": sum(x["accepted"] for x in results),
+                                "rejected": sum(x["rejected"] for x in results)})
+    return samples
+
+
 def part_two(vigil: str, model: str, urls: dict[str, str], out: Path, turns: int) -> list[dict]:
     samples = []
     for workload in ("agent-loop", "tool-loop"):
@@ -221,6 +248,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--concurrency", type=int, default=0, help="part 4's stream count (0: skip it)")
+    ap.add_argument("--parts", default="1,2,3,4", help="which parts to run (3 and 4 also need their flags)")
     ap.add_argument("--llamacpp", help="directory holding llama-server (scripts/setup_llamacpp.sh)")
     args = ap.parse_args()
     out = Path(args.out)
@@ -232,6 +261,7 @@ def main() -> None:
     proc, url = start(args.vigil, args.model, args.threads, [])
     try:
         one = part_one(url, args.rounds)
+        four = part_four(url, args.concurrency, args.rounds + 1) if args.concurrency else []
     finally:
         proc.terminate()
         proc.wait()
@@ -246,7 +276,7 @@ def main() -> None:
             p.wait()
 
     three = part_three(args.llamacpp, args.model, args.threads, args.rounds) if args.llamacpp else []
-    samples = one + two + three
+    samples = one + two + three + four
     (out / "speculative.json").write_text(json.dumps({
         "cpu": cpu, "isa": isa, "threads": args.threads, "model": os.path.basename(args.model),
         "command": " ".join(sys.argv), "samples": samples}, indent=1))
@@ -267,6 +297,19 @@ def main() -> None:
             drafted = acc + sum(s.get("rejected", 0) for s in rows)
             drafts = f"{acc} / {drafted}" if drafted else "–"
             print(f"| {workload} | {m} | {summary(rates)} | {ratio:.2f} | {drafts} |")
+    if four:
+        print()
+        print("| workload | method | aggregate output tok/s, median (min–max) | × off | stream decode tok/s, median of rounds | accepted / drafted |")
+        print("|---|---|---|---|---|---|")
+        for workload in sorted({s["workload"] for s in four}):
+            base = statistics.median(s["aggregate_tok_s"] for s in four if s["workload"] == workload and s["method"] == "off")
+            for m in ("off", "suffix"):
+                rows = [s for s in four if s["workload"] == workload and s["method"] == m]
+                agg = [s["aggregate_tok_s"] for s in rows]
+                acc = sum(s["accepted"] for s in rows)
+                drafted = acc + sum(s["rejected"] for s in rows)
+                print(f"| {workload} | {m} | {summary(agg)} | {statistics.median(agg) / base:.2f} | "
+                      f"{statistics.median(s['decode_tok_s'] for s in rows):.1f} | {acc} / {drafted} |")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,20 @@ def answer(body: dict):
 
 
 def accepted(body: dict) -> int:
+    """The predicted-output count `usage` reports (only for a request with a `prediction`)."""
     return (body["usage"].get("completion_tokens_details") or {}).get("accepted_prediction_tokens", 0)
+
+
+def accepted_total(server) -> float:
+    return prom_value(server.metrics_text(), "vigil_spec_accepted_tokens_total")
+
+
+def chat_counting(server, *args, **kwargs) -> tuple[dict, float]:
+    """A chat request and the draft tokens the server accepted meanwhile (tests run one at a
+    time, so the counter moves for this request only)."""
+    before = accepted_total(server)
+    body = chat(server, *args, **kwargs)
+    return body, accepted_total(server) - before
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +102,26 @@ def plain(smol):
 def test_greedy_answers_are_identical_with_speculation(smol, plain, method):
     drafted = 0
     for k, p in PROMPTS.items():
-        spec = chat(smol, p, method)
+        spec, n = chat_counting(smol, p, method)
         assert answer(spec) == answer(plain[k]), f"{method}: {k} differs"
         assert spec["usage"]["completion_tokens"] == plain[k]["usage"]["completion_tokens"]
-        drafted += accepted(spec)
-    assert accepted(chat(smol, PROMPTS["code"], method)) > 20, "the code copy was not drafted"
+        # Without a prediction, usage looks as it does without speculation.
+        assert "completion_tokens_details" not in spec["usage"]
+        drafted += n
+        if k == "code":
+            assert n > 20, "the code copy was not drafted"
     assert drafted > 40
+
+
+def test_the_layerscale_client_reads_usage_with_speculation_on(smol):
+    """`smol` drafts by default; LayerScale's client validates `usage` strictly (a
+    `completion_tokens_details` must carry `reasoning_tokens`)."""
+    import layerscale
+    client = layerscale.LayerScale(base_url=smol.url, api_key="", max_retries=0, timeout=120)
+    before = accepted_total(smol)
+    r = client.chat.create(messages=[{"role": "user", "content": CODE}], max_tokens=48, temperature=0)
+    assert r.choices[0].message.content
+    assert accepted_total(smol) > before
 
 
 def test_concurrent_requests_batch_with_speculation_unchanged(smol, plain):
@@ -136,7 +163,8 @@ def test_a_prediction_is_drafted_and_counted_in_usage(smol, plain):
     on = chat(smol, PROMPTS["code"], None, prediction=parts)
     assert on["choices"][0]["message"]["content"] == expected and accepted(on) > 0
     off = chat(smol, PROMPTS["code"], "off", prediction=parts)
-    assert "completion_tokens_details" not in off["usage"]
+    assert off["usage"]["completion_tokens_details"] == {
+        "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0, "reasoning_tokens": 0}
 
 
 @pytest.mark.parametrize("body,field", [
@@ -155,11 +183,12 @@ def test_bad_speculation_fields_are_400s_naming_them(smol, body, field):
 
 def test_completions_take_the_field_too(smol):
     prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
+    before = accepted_total(smol)
     bodies = [httpx.post(smol.v1 + "/completions", json={
         "prompt": prompt, "max_tokens": 40, "temperature": 0, "logprobs": 2, "speculative": s}, timeout=120).json()
         for s in ("off", "suffix")]
     assert bodies[0]["choices"] == bodies[1]["choices"]
-    assert bodies[1]["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+    assert accepted_total(smol) > before
 
 
 @pytest.fixture(scope="module")
@@ -218,11 +247,12 @@ def tiny_pair():
 def test_a_draft_model_drafts_and_changes_nothing(tiny_pair):
     with_draft, plain_ = tiny_pair
     for prompt in ("hello world", "the cat sat on the mat and the cat", "1 2 3 4 5 6"):
+        before = accepted_total(with_draft)
         bodies = [httpx.post(s.v1 + "/completions", json={
             "prompt": prompt, "max_tokens": 40, "temperature": 0, "logprobs": 2, "ignore_eos": True}, timeout=120).json()
             for s in (plain_, with_draft)]
         assert bodies[0]["choices"] == bodies[1]["choices"], prompt
-        assert bodies[1]["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0, prompt
+        assert accepted_total(with_draft) > before, prompt
     # Seeded sampling too, and the request's own method still works beside the draft model.
     for method in (None, "suffix"):
         extra = {} if method is None else {"speculative": method}

@@ -38,6 +38,8 @@ struct Plan {
     forced: Option<crate::output::ForcedCall>,
     parallel_tool_calls: bool,
     include_reasoning: bool,
+    /// The request sent a `prediction`: usage reports its accepted and rejected tokens.
+    predicted: bool,
 }
 
 async fn handle(
@@ -174,6 +176,7 @@ async fn handle(
         forced: forced_call,
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         include_reasoning: req.include_reasoning.unwrap_or(true),
+        predicted: sampling.speculative.prediction.is_some(),
     };
     let n = req.n.unwrap_or(1) as usize;
     if n > 1 && session.is_some() {
@@ -243,7 +246,7 @@ async fn handle(
     let usage = total.ok_or_else(|| ApiError::internal("no choice"))?;
     let body = json!({
         "id": id, "object": "chat.completion", "created": created,
-        "model": state.model_id, "choices": choices, "usage": usage_json(&usage),
+        "model": state.model_id, "choices": choices, "usage": chat_usage(&usage, &plan),
     });
     Ok(axum::Json(body).into_response())
 }
@@ -278,19 +281,31 @@ pub(crate) fn usage_json(u: &Usage) -> Value {
     if u.cached_tokens > 0 {
         details["prefix_cached_tokens"] = json!(u.cached_tokens);
     }
-    let mut usage = json!({
+    json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": details,
-    });
-    if u.draft_tokens > 0 {
-        // OpenAI's predicted-output counts: speculative draft tokens that the output kept,
-        // and those it did not.
-        usage["completion_tokens_details"] = json!({
+    })
+}
+
+/// Chat usage. With a `prediction`, `completion_tokens_details` carries OpenAI's
+/// predicted-output counts: the draft tokens the output kept and those it did not. Beside them
+/// `reasoning_tokens`, which LayerScale's client requires wherever the details appear: 0 on a
+/// model that does not think (exact), absent on one that does (not counted yet). Without a
+/// prediction the details stay absent, as LayerScale's client expects of a model that does
+/// not think; speculation's counts are in `/metrics`.
+fn chat_usage(u: &Usage, plan: &Plan) -> Value {
+    let mut usage = usage_json(u);
+    if plan.predicted {
+        let mut details = json!({
             "accepted_prediction_tokens": u.accepted_draft_tokens,
             "rejected_prediction_tokens": u.draft_tokens - u.accepted_draft_tokens,
         });
+        if plan.thinking.is_none() {
+            details["reasoning_tokens"] = json!(0);
+        }
+        usage["completion_tokens_details"] = details;
     }
     usage
 }
@@ -344,7 +359,7 @@ async fn whole_response(
     choice["index"] = json!(0);
     let body = json!({
         "id": id, "object": "chat.completion", "created": created,
-        "model": state.model_id, "choices": [choice], "usage": usage_json(&usage),
+        "model": state.model_id, "choices": [choice], "usage": chat_usage(&usage, &plan),
     });
     Ok(axum::Json(body).into_response())
 }
@@ -508,7 +523,7 @@ fn stream_response(
                     if plan.include_usage {
                         let last = json!({
                             "id": id, "object": "chat.completion.chunk", "created": created,
-                            "model": model, "choices": [], "usage": usage_json(&usage),
+                            "model": model, "choices": [], "usage": chat_usage(&usage, &plan),
                         });
                         let _ = tx.send(last.to_string());
                     }
