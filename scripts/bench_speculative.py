@@ -134,15 +134,23 @@ def stream_chat(url: str, prompt: str, method: str, max_tokens: int, ignore_eos:
                 times.append(time.perf_counter())
                 text.append(c["delta"]["content"])
     n = usage["completion_tokens"]
-    details = usage.get("completion_tokens_details") or {}
     span = times[-1] - times[0] if len(times) > 1 else float("nan")
     return {
         "method": method, "tokens": n, "ttft_ms": (times[0] - sent) * 1e3 if times else None,
         "decode_tok_s": (n - 1) / span if span > 0 else None,
-        "accepted": details.get("accepted_prediction_tokens", 0),
-        "rejected": details.get("rejected_prediction_tokens", 0),
         "text": "".join(text),
     }
+
+
+def spec_counts(url: str) -> tuple[float, float]:
+    """Vigil's draft tokens accepted and verified since start (/metrics)."""
+    accepted = proposed = 0.0
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("vigil_spec_accepted_tokens_total "):
+            accepted = float(line.split()[1])
+        elif line.startswith("vigil_spec_proposed_tokens_total "):
+            proposed = float(line.split()[1])
+    return accepted, proposed
 
 
 def summary(values: list[float]) -> str:
@@ -157,8 +165,10 @@ def part_one(url: str, rounds: int) -> list[dict]:
                 # Rotate the order each round so no method always runs first.
                 order = METHODS[(r + i) % 3:] + METHODS[:(r + i) % 3]
                 for m in order:
+                    a0, p0 = spec_counts(url)
                     s = stream_chat(url, p, m, max_tokens, ignore)
-                    s.update(workload=kind, prompt=i, round=r)
+                    a1, p1 = spec_counts(url)
+                    s.update(workload=kind, prompt=i, round=r, accepted=a1 - a0, rejected=(p1 - p0) - (a1 - a0))
                     samples.append(s)
     # Greedy: every method produced the same text.
     for kind in ("repeat", "free"):
@@ -205,18 +215,19 @@ def part_four(url: str, streams: int, rounds: int) -> list[dict]:
         for kind, prompts, max_tokens, ignore in (("repeat", REPEAT, 400, False), ("free", FREE, 128, True)):
             order = ["off", "suffix"] if r % 2 == 0 else ["suffix", "off"]
             for m in order:
+                a0, p0 = spec_counts(url)
                 t0 = time.perf_counter()
                 with cf.ThreadPoolExecutor(streams) as pool:
                     futures = [pool.submit(stream_chat, url, prompts[i % len(prompts)], m, max_tokens, ignore)
                                for i in range(streams)]
                     results = [f.result() for f in futures]
                 wall = time.perf_counter() - t0
+                a1, p1 = spec_counts(url)
                 tokens = sum(x["tokens"] for x in results)
                 samples.append({"workload": f"{kind} ×{streams}", "method": m, "round": r,
                                 "aggregate_tok_s": tokens / wall,
                                 "decode_tok_s": statistics.median(x["decode_tok_s"] for x in results if x["decode_tok_s"]),
-                                "accepted": sum(x["accepted"] for x in results),
-                                "rejected": sum(x["rejected"] for x in results)})
+                                "accepted": a1 - a0, "rejected": (p1 - p0) - (a1 - a0)})
     return samples
 
 
@@ -258,24 +269,26 @@ def main() -> None:
     flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
     isa = [f for f in flags if f.startswith(("avx512", "avx_vnni", "avx2", "fma", "f16c", "amx"))]
 
+    parts = {int(p) for p in args.parts.split(",")}
     proc, url = start(args.vigil, args.model, args.threads, [])
     try:
-        one = part_one(url, args.rounds)
-        four = part_four(url, args.concurrency, args.rounds + 1) if args.concurrency else []
+        one = part_one(url, args.rounds) if 1 in parts else []
+        four = part_four(url, args.concurrency, args.rounds + 1) if args.concurrency and 4 in parts else []
     finally:
         proc.terminate()
         proc.wait()
     servers = {}
+    two = []
     try:
-        for name in ("off", "suffix"):
-            servers[name] = start(args.vigil, args.model, args.threads, ["--speculative", name])
-        two = part_two(args.vigil, args.model, {n: u for n, (_, u) in servers.items()}, out, args.turns)
+        if 2 in parts:
+            for name in ("off", "suffix"):
+                servers[name] = start(args.vigil, args.model, args.threads, ["--speculative", name])
+            two = part_two(args.vigil, args.model, {n: u for n, (_, u) in servers.items()}, out, args.turns)
     finally:
         for p, _ in servers.values():
             p.terminate()
             p.wait()
-
-    three = part_three(args.llamacpp, args.model, args.threads, args.rounds) if args.llamacpp else []
+    three = part_three(args.llamacpp, args.model, args.threads, args.rounds) if args.llamacpp and 3 in parts else []
     samples = one + two + three + four
     (out / "speculative.json").write_text(json.dumps({
         "cpu": cpu, "isa": isa, "threads": args.threads, "model": os.path.basename(args.model),
@@ -293,8 +306,8 @@ def main() -> None:
                 continue
             rates = [s["decode_tok_s"] for s in rows]
             ratio = statistics.median(rates) / statistics.median(base)
-            acc = sum(s.get("accepted", 0) for s in rows)
-            drafted = acc + sum(s.get("rejected", 0) for s in rows)
+            acc = int(sum(s.get("accepted", 0) for s in rows))
+            drafted = acc + int(sum(s.get("rejected", 0) for s in rows))
             drafts = f"{acc} / {drafted}" if drafted else "–"
             print(f"| {workload} | {m} | {summary(rates)} | {ratio:.2f} | {drafts} |")
     if four:
@@ -306,8 +319,8 @@ def main() -> None:
             for m in ("off", "suffix"):
                 rows = [s for s in four if s["workload"] == workload and s["method"] == m]
                 agg = [s["aggregate_tok_s"] for s in rows]
-                acc = sum(s["accepted"] for s in rows)
-                drafted = acc + sum(s["rejected"] for s in rows)
+                acc = int(sum(s["accepted"] for s in rows))
+                drafted = acc + int(sum(s["rejected"] for s in rows))
                 print(f"| {workload} | {m} | {summary(agg)} | {statistics.median(agg) / base:.2f} | "
                       f"{statistics.median(s['decode_tok_s'] for s in rows):.1f} | {acc} / {drafted} |")
 
