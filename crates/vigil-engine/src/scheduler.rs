@@ -346,15 +346,22 @@ impl Scheduler {
             if !self.running.contains(&id) {
                 continue;
             }
-            let n = seq.num_uncomputed_tokens().min(st.budget);
+            let mut n = seq.num_uncomputed_tokens().min(st.budget);
             if n == 0 {
                 continue;
             }
-            let needed = seq.table.as_ref().map_or(0, |t| t.blocks_needed(n));
+            let mut needed = seq.table.as_ref().map_or(0, |t| t.blocks_needed(n));
             loop {
                 if needed + st.reserved_blocks() <= pool.borrow().num_free_blocks() {
                     st.push(id, n, needed);
                     break;
+                }
+                // A speculative draft is dropped before anyone is preempted for its blocks.
+                if let Some(seq) = seqs.get_mut(&id).filter(|s| !s.draft.is_empty()) {
+                    seq.draft.clear();
+                    n = seq.num_uncomputed_tokens().min(st.budget);
+                    needed = seq.table.as_ref().map_or(0, |t| t.blocks_needed(n));
+                    continue;
                 }
                 // `id` itself is running, so there always is a victim; it may be `id`.
                 let Some(victim) = self.lowest_running(seqs) else {

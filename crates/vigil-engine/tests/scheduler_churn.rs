@@ -830,3 +830,38 @@ fn while_session_work_is_due_the_whole_step_is_held_to_the_session_step_budget()
     let (full, _) = step_tokens(&mut e, &mut rng, &[]);
     assert_eq!(full, 128, "without session work the step is whole again");
 }
+
+/// A speculative draft never costs another sequence its blocks: when the draft's blocks are
+/// not there, the draft is dropped and the sequence decodes its one token.
+#[test]
+fn a_draft_is_dropped_before_anyone_is_preempted_for_its_blocks() {
+    let config = SchedulerConfig {
+        max_batched_tokens: 64,
+        watermark: 0.0,
+        session_seats: 0,
+        ..SchedulerConfig::default()
+    };
+    let mut sched = Scheduler::new(config);
+    let pool = SharedBlockPool::new(4, BLOCK);
+    let mut seqs: HashMap<SeqId, Sequence> = HashMap::new();
+    // Two sequences of 7 prompt tokens: two blocks each, the whole pool, once prefilled.
+    for id in [1, 2] {
+        let prompt = (0..7).map(|t| 10 * id as u32 + t).collect();
+        seqs.insert(
+            id,
+            Sequence::new(id, prompt, SamplingParams::default(), greedy(100)),
+        );
+        sched.add(id);
+    }
+    let plan = sched.schedule(&mut seqs, &pool);
+    run_plan(&plan, &mut seqs);
+    assert_eq!(pool.borrow().num_free_blocks(), 0);
+    // Each now has 8 tokens, 7 computed: the next token fits its second block, a draft of 3
+    // would need a third.
+    seqs.get_mut(&2).unwrap().draft = vec![5, 6, 7];
+    let plan = sched.schedule(&mut seqs, &pool);
+    assert!(plan.preempted.is_empty(), "{:?}", plan.preempted);
+    let planned: Vec<(SeqId, usize)> = plan.seqs.iter().map(|s| (s.seq_id, s.num_tokens)).collect();
+    assert_eq!(planned, [(1, 1), (2, 1)]);
+    assert!(seqs[&2].draft.is_empty());
+}
