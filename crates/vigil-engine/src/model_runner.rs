@@ -48,11 +48,7 @@ impl ModelRunner {
         seqs: &mut HashMap<SeqId, Sequence>,
     ) -> Result<Vec<(SeqId, RowUse)>, OutOfBlocks> {
         let inp = &mut self.input;
-        inp.token_ids.clear();
-        inp.positions.clear();
-        inp.slot_mapping.clear();
-        inp.sample_rows.clear();
-        inp.seqs.clear();
+        inp.clear();
         let mut sampling = Vec::new();
         for s in &plan.seqs {
             let Some(seq) = seqs.get_mut(&s.seq_id) else {

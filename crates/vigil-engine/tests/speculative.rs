@@ -107,10 +107,9 @@ fn greedy_output_is_identical_with_either_proposer_alone_and_batched() {
     }
 }
 
-#[test]
-fn seeded_sampling_is_identical_with_speculation() {
-    // Rows are sampled in order with the same RNG draws a plain decode makes, so a seed gives
-    // the same text: the distribution is exactly the plain one's.
+/// `n` seeded sampling requests (temperature, top-p, top-k, repetition and frequency
+/// penalties) over the three prompts.
+fn seeded_requests(n: u64, max_tokens: usize) -> Vec<(Vec<u32>, SamplingParams, StopCriteria)> {
     let sampled = |seed: u64| SamplingParams {
         temperature: 0.5,
         top_p: 0.95,
@@ -121,12 +120,19 @@ fn seeded_sampling_is_identical_with_speculation() {
         logprobs: Some(1),
         ..SamplingParams::default()
     };
-    let requests: Vec<_> = (0..24)
+    (0..n)
         .map(|seed| {
             let p = prompts()[seed as usize % 3].clone();
-            (p, sampled(seed), stop(40, vec![]))
+            (p, sampled(seed), stop(max_tokens, vec![]))
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn seeded_sampling_is_identical_with_speculation() {
+    // Rows are sampled in order with the same RNG draws a plain decode makes, so a seed gives
+    // the same text: the distribution is exactly the plain one's.
+    let requests = seeded_requests(24, 40);
     let plain = run(&mut engine(SpecMethod::Off), &requests);
     let mut e = engine(SpecMethod::Suffix);
     assert_eq!(run(&mut e, &requests), plain);
@@ -287,22 +293,7 @@ fn a_draft_model_changes_no_output() {
     let greedy_requests: Vec<_> = (prompts().into_iter())
         .map(|p| (p, greedy(), stop(60, vec![])))
         .collect();
-    let sampled = |seed: u64| SamplingParams {
-        temperature: 0.7,
-        top_k: 20,
-        seed: Some(seed),
-        logprobs: Some(1),
-        ..SamplingParams::default()
-    };
-    let sampled_requests: Vec<_> = (0..12)
-        .map(|seed| {
-            (
-                prompts()[seed as usize % 3].clone(),
-                sampled(seed),
-                stop(40, vec![]),
-            )
-        })
-        .collect();
+    let sampled_requests = seeded_requests(12, 40);
     let plain_greedy = run(&mut engine(SpecMethod::Off), &greedy_requests);
     let plain_sampled = run(&mut engine(SpecMethod::Off), &sampled_requests);
     for (dir, agrees) in [("llama_bf16", true), ("qwen3", false)] {

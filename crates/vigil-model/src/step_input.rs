@@ -23,6 +23,15 @@ pub struct StepInput {
 }
 
 impl StepInput {
+    /// Empty, keeping the buffers for the next step.
+    pub fn clear(&mut self) {
+        self.token_ids.clear();
+        self.positions.clear();
+        self.slot_mapping.clear();
+        self.sample_rows.clear();
+        self.seqs.clear();
+    }
+
     pub fn num_tokens(&self) -> usize {
         self.token_ids.len()
     }

@@ -69,11 +69,7 @@ impl DraftModel {
         let rounds = requests.iter().map(|r| r.len).max().unwrap_or(0);
         for round in 0..rounds {
             let inp = &mut self.input;
-            inp.token_ids.clear();
-            inp.positions.clear();
-            inp.slot_mapping.clear();
-            inp.sample_rows.clear();
-            inp.seqs.clear();
+            inp.clear();
             let mut rows = Vec::new();
             for (i, r) in requests.iter().enumerate() {
                 if round >= r.len || (round > 0 && drafts[i].len() < round) {
