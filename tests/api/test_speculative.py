@@ -28,8 +28,20 @@ CODE = """Repeat this HTML exactly, changing the title to 'Home':
   </body>
 </html>"""
 
+PYTHON = """Repeat this Python function exactly, but rename `total` to `acc`:
+```python
+def add_all(xs):
+    total = 0
+    for x in xs:
+        if x is None:
+            continue
+        total += x
+    return total
+```"""
+
 PROMPTS = {
     "code": CODE,
+    "python": PYTHON,
     "repetition": "Write the words 'red apple' ten times, separated by commas.",
     "free": "Tell me a short story about a lighthouse keeper and a storm.",
     "list": "List the days of the week, one per line, then list them again in reverse order.",
