@@ -87,3 +87,33 @@ def test_the_sdk_reads_echo(smol):
     r = client.completions.create(model="m", prompt=PROMPT, max_tokens=2, echo=True, logprobs=1, temperature=0)
     assert r.choices[0].text.startswith(PROMPT)
     assert r.choices[0].logprobs.token_logprobs[0] is None
+
+
+def test_chat_prompt_logprobs_score_the_rendered_prompt(smol):
+    """vLLM's `prompt_logprobs` on chat: at the response's top level, one entry per rendered
+    prompt token (the first `null`), equal to the completions route's scores for the same ids."""
+    messages = [{"role": "user", "content": "Name three rivers in Europe."}]
+    r = httpx.post(f"{smol.v1}/chat/completions", json={
+        "messages": messages, "max_tokens": 3, "temperature": 0, "prompt_logprobs": 2,
+        "logprobs": True, "top_logprobs": 1}, timeout=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    pl = body["prompt_logprobs"]
+    assert len(pl) == body["usage"]["prompt_tokens"] and pl[0] is None
+    assert all(2 <= len(e) <= 3 and min(x["rank"] for x in e.values()) == 1 for e in pl[1:])
+    # The generated tokens keep the one alternative they asked for.
+    assert all(len(t["top_logprobs"]) == 1 for t in body["choices"][0]["logprobs"]["content"])
+    ids = httpx.post(f"{smol.url}/tokenize", json={"messages": messages}, timeout=30).json()["tokens"]
+    assert len(ids) == len(pl)
+    same = completions(smol, prompt=ids, max_tokens=1, prompt_logprobs=2)["choices"][0]["prompt_logprobs"]
+    assert same == pl
+
+
+def test_chat_prompt_logprobs_refusals(smol):
+    msgs = [{"role": "user", "content": "hi"}]
+    for extra in ({"stream": True}, {"stop": ["x"]}, {"n": 2}, {}):
+        k = 21 if not extra else 1
+        r = httpx.post(f"{smol.v1}/chat/completions", json={
+            "messages": msgs, "max_tokens": 2, "prompt_logprobs": k, **extra}, timeout=30)
+        assert r.status_code == 400, (extra, r.text)
+        assert r.json()["error"]["param"] == "prompt_logprobs"

@@ -40,6 +40,11 @@ struct Plan {
     include_reasoning: bool,
     /// The request sent a `prediction`: usage reports its accepted and rejected tokens.
     predicted: bool,
+    /// `top_logprobs`: alternatives listed per generated token (the sampler may keep more for
+    /// `prompt_logprobs`).
+    top_logprobs: usize,
+    /// vLLM's `prompt_logprobs`: the rendered prompt's scores, this many alternatives each.
+    prompt_logprobs: Option<u32>,
 }
 
 async fn handle(
@@ -121,11 +126,30 @@ async fn handle(
             ));
         }
     }
-    let mut sampling = sampling_params(
-        &req.common(),
-        state.tokenizer.vocab_size(),
-        logprobs.then_some(req.top_logprobs.unwrap_or(0)),
-    )?;
+    if let Some(k) = req.prompt_logprobs {
+        if k > MAX_TOP_LOGPROBS {
+            return Err(ApiError::invalid("prompt_logprobs", "must be in [0, 20]"));
+        }
+        let refused = if req.stream == Some(true) {
+            Some("prompt scores are not streamed: ask without `stream`")
+        } else if req.stop.is_some() {
+            Some("prompt scores cannot be combined with `stop` strings")
+        } else if req.n.is_some_and(|n| n > 1) {
+            Some("prompt scores are given for one choice: ask without `n`")
+        } else if session.is_some() {
+            Some("a session turn resumes its prompt from held KV, so its rows are not scored")
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            return Err(ApiError::invalid("prompt_logprobs", why));
+        }
+    }
+    // The sampler's top list serves both the completion's and the prompt's alternatives.
+    let top = logprobs
+        .then_some(req.top_logprobs.unwrap_or(0))
+        .max(req.prompt_logprobs);
+    let mut sampling = sampling_params(&req.common(), state.tokenizer.vocab_size(), top)?;
     super::params::check_speculative(&sampling, state.draft_model)?;
     if let Some(text) = prediction_text(req.prediction.as_ref())? {
         // A prediction is what speculative decoding drafts from: it turns it on for this
@@ -177,6 +201,8 @@ async fn handle(
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         include_reasoning: req.include_reasoning.unwrap_or(true),
         predicted: sampling.speculative.prediction.is_some(),
+        top_logprobs: req.top_logprobs.unwrap_or(0) as usize,
+        prompt_logprobs: req.prompt_logprobs,
     };
     let n = req.n.unwrap_or(1) as usize;
     if n > 1 && session.is_some() {
@@ -200,7 +226,7 @@ async fn handle(
         want_token_text: logprobs,
         forced_call: plan.forced.clone(),
         grammar,
-        score_prompt: false,
+        score_prompt: plan.prompt_logprobs.is_some(),
         priority: vigil_engine::sequence::Priority::Foreground,
         first_token,
         pin: None,
@@ -310,7 +336,8 @@ fn chat_usage(u: &Usage, plan: &Plan) -> Value {
     usage
 }
 
-fn logprobs_json(tokens: &[TokenInfo]) -> Value {
+/// The `logprobs.content` list, `n` alternatives per token.
+fn logprobs_json(tokens: &[TokenInfo], n: usize) -> Value {
     let content: Vec<Value> = tokens
         .iter()
         .map(|t| {
@@ -318,7 +345,7 @@ fn logprobs_json(tokens: &[TokenInfo]) -> Value {
                 "token": t.text,
                 "logprob": t.logprob,
                 "bytes": t.text.as_bytes(),
-                "top_logprobs": t.top.iter().map(|(_, text, lp)| json!({
+                "top_logprobs": t.top.iter().take(n).map(|(_, text, lp)| json!({
                     "token": text, "logprob": lp, "bytes": text.as_bytes(),
                 })).collect::<Vec<_>>(),
             })
@@ -357,10 +384,16 @@ async fn whole_response(
 ) -> Result<Response, ApiError> {
     let (mut choice, usage) = collect_choice(&state, rx, &plan).await?;
     choice["index"] = json!(0);
-    let body = json!({
+    let prompt_logprobs = choice
+        .as_object_mut()
+        .and_then(|c| c.remove("prompt_logprobs"));
+    let mut body = json!({
         "id": id, "object": "chat.completion", "created": created,
         "model": state.model_id, "choices": [choice], "usage": chat_usage(&usage, &plan),
     });
+    if let Some(p) = prompt_logprobs {
+        body["prompt_logprobs"] = p;
+    }
     Ok(axum::Json(body).into_response())
 }
 
@@ -380,7 +413,11 @@ async fn collect_choice(
                 collected.push(parser.push(&text));
             }
             GenEvent::Failed(e) => return Err(e),
-            GenEvent::Done { finish, usage, .. } => {
+            GenEvent::Done {
+                finish,
+                usage,
+                prompt,
+            } => {
                 let (rest, calls) = parser.finish();
                 collected.push(rest);
                 let CollectedText { content, reasoning } = collected;
@@ -404,11 +441,16 @@ async fn collect_choice(
                         json!(reasoning)
                     };
                 }
-                let choice = json!({
+                let mut choice = json!({
                     "message": message,
-                    "logprobs": if plan.logprobs { logprobs_json(&tokens) } else { Value::Null },
+                    "logprobs": if plan.logprobs { logprobs_json(&tokens, plan.top_logprobs) } else { Value::Null },
                     "finish_reason": finish_reason(&finish, !calls.is_empty()),
                 });
+                if let Some(k) = plan.prompt_logprobs {
+                    // Moved to the response's top level by `whole_response` (vLLM's place).
+                    choice["prompt_logprobs"] =
+                        super::completions::prompt_logprobs_json(k, &prompt);
+                }
                 return Ok((choice, usage));
             }
         }
@@ -460,7 +502,7 @@ fn stream_response(
                     OutDelta::Reasoning(_) => continue,
                 };
                 let lp = if plan.logprobs && content && !pending.is_empty() {
-                    logprobs_json(&std::mem::take(pending))
+                    logprobs_json(&std::mem::take(pending), plan.top_logprobs)
                 } else {
                     Value::Null
                 };
@@ -511,7 +553,7 @@ fn stream_response(
                         let _ = tx.send(chunk(args, Value::Null, Value::Null));
                     }
                     let lp = if plan.logprobs && !tokens.is_empty() {
-                        logprobs_json(&tokens)
+                        logprobs_json(&tokens, plan.top_logprobs)
                     } else {
                         Value::Null
                     };

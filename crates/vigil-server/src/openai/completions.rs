@@ -267,7 +267,7 @@ fn echo_logprobs_json(
 
 /// vLLM's `prompt_logprobs`: `null` for the first token, then per position the prompt's token
 /// and the top alternatives, each `{id: {logprob, rank, decoded_token}}`.
-fn prompt_logprobs_json(k: u32, prompt: &[(TokenInfo, u32)]) -> Value {
+pub(crate) fn prompt_logprobs_json(k: u32, prompt: &[(TokenInfo, u32)]) -> Value {
     let mut out = vec![Value::Null];
     for (t, rank) in prompt {
         let mut m = serde_json::Map::new();

@@ -67,6 +67,8 @@ pub struct ChatCompletionRequest {
     pub stream_options: Option<StreamOptions>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
+    /// vLLM's: score the rendered prompt, with this many top alternatives per position.
+    pub prompt_logprobs: Option<u32>,
     pub tools: Option<Vec<ToolDef>>,
     pub tool_choice: Option<ToolChoice>,
     pub parallel_tool_calls: Option<bool>,
