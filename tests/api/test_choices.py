@@ -52,3 +52,27 @@ def test_completions_prompt_list_times_n(smol):
     assert body["usage"]["completion_tokens"] == sum(6 for _ in choices)
     single = [httpx.post(f"{smol.v1}/completions", json={"prompt": p, "max_tokens": 1}, timeout=60).json()["usage"]["prompt_tokens"] for p in prompts]
     assert body["usage"]["prompt_tokens"] == sum(single)
+
+
+def test_chat_n2_streams_both_choices_by_index(smol):
+    """Streamed choices: each chunk names its choice, the texts are the unstreamed choices'
+    (same seeds), and the usage chunk counts the prompt once."""
+    client = make_client(smol)
+    msgs = [{"role": "user", "content": "Write a sentence about a quiet harbour at dawn."}]
+    args = dict(model="m", messages=msgs, n=2, max_tokens=10, temperature=1.0, seed=11,
+                extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**args)
+    texts = {0: "", 1: ""}
+    finishes = {}
+    usage = None
+    for chunk in client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert texts == {c.index: c.message.content for c in whole.choices}
+    assert finishes == {0: "length", 1: "length"}
+    assert usage is not None and usage.completion_tokens == 2 * 10
+    assert usage.prompt_tokens == whole.usage.prompt_tokens

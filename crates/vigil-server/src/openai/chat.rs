@@ -208,12 +208,6 @@ async fn handle(
     if n > 1 && session.is_some() {
         return Err(ApiError::invalid("n", "a session turn has one choice"));
     }
-    if n > 1 && plan.stream {
-        return Err(ApiError::invalid(
-            "n",
-            "several choices are not streamed: ask without `stream`",
-        ));
-    }
     let (pin, on_finish) = crate::session::turn::begin_if(session.as_ref(), &prompt.ids).await?;
     let (first_tx, first_rx) = tokio::sync::oneshot::channel();
     let ignore_eos = req.ignore_eos.unwrap_or(false);
@@ -237,8 +231,8 @@ async fn handle(
     let rx = generate::start(&state, first)?;
     let id = crate::ids::new_id("chatcmpl-");
     let created = crate::ids::unix_now();
-    if plan.stream {
-        return Ok(stream_response(state, rx, plan, id, created));
+    if plan.stream && n == 1 {
+        return Ok(stream_response(state, vec![rx], plan, id, created));
     }
     if n == 1 {
         return whole_response(state, rx, plan, id, created).await;
@@ -253,21 +247,16 @@ async fn handle(
         let grammar = grammar_for(&state, &structured, plan.forced.as_ref()).await?;
         rxs.push(generate::start(&state, params(s, grammar, None))?);
     }
+    if plan.stream {
+        return Ok(stream_response(state, rxs, plan, id, created));
+    }
     let mut choices = Vec::with_capacity(n);
     let mut total: Option<Usage> = None;
     for (index, rx) in rxs.into_iter().enumerate() {
         let (mut choice, usage) = collect_choice(&state, rx, &plan).await?;
         choice["index"] = json!(index);
         choices.push(choice);
-        match &mut total {
-            // The prompt counts once, whatever the number of choices.
-            Some(t) => {
-                t.completion_tokens += usage.completion_tokens;
-                t.draft_tokens += usage.draft_tokens;
-                t.accepted_draft_tokens += usage.accepted_draft_tokens;
-            }
-            None => total = Some(usage),
-        }
+        add_choice_usage(&mut total, usage);
     }
     let usage = total.ok_or_else(|| ApiError::internal("no choice"))?;
     let body = json!({
@@ -468,21 +457,38 @@ pub(crate) fn count_malformed(state: &SharedState, calls: &[ToolCall]) {
     }
 }
 
+/// The SSE response for one or more choices (`n`): each choice's events are merged as they
+/// come, its chunks carrying its `index`; the usage chunk (the prompt counted once) and
+/// `[DONE]` follow the last choice's finish.
 fn stream_response(
     state: SharedState,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    rxs: Vec<tokio::sync::mpsc::UnboundedReceiver<GenEvent>>,
     plan: Plan,
     id: String,
     created: u64,
 ) -> Response {
     let (tx, events) = tokio::sync::mpsc::unbounded_channel::<String>();
     let response = sse::data_stream(events, &state.closing);
+    let n = rxs.len();
+    let (merged_tx, mut merged) = tokio::sync::mpsc::unbounded_channel::<(usize, GenEvent)>();
+    for (index, mut rx) in rxs.into_iter().enumerate() {
+        let merged_tx = merged_tx.clone();
+        // Ends when the choice ends or the response is gone; dropping `rx` then cancels it.
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                if merged_tx.send((index, ev)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    drop(merged_tx);
     tokio::spawn(async move {
         let model = state.model_id.clone();
-        let chunk = |delta: Value, finish: Value, logprobs: Value| {
+        let chunk = |index: usize, delta: Value, finish: Value, logprobs: Value| {
             let mut c = json!({
                 "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
             });
             if plan.include_usage {
                 c["usage"] = Value::Null;
@@ -492,43 +498,48 @@ fn stream_response(
         // Each content chunk carries the logprobs of the tokens behind it: those received since
         // the last content chunk (text the parser held back goes out with the chunk that
         // releases it). What no content chunk took goes on the chunk with the finish reason.
-        let send_deltas = |deltas: Vec<OutDelta>, pending: &mut Vec<TokenInfo>| -> bool {
-            for d in deltas {
-                let (delta, content) = match d {
-                    OutDelta::Content(s) => (json!({"content": s}), true),
-                    OutDelta::Reasoning(s) if plan.include_reasoning => {
-                        (json!({"reasoning": s}), false)
+        let send_deltas =
+            |index: usize, deltas: Vec<OutDelta>, pending: &mut Vec<TokenInfo>| -> bool {
+                for d in deltas {
+                    let (delta, content) = match d {
+                        OutDelta::Content(s) => (json!({"content": s}), true),
+                        OutDelta::Reasoning(s) if plan.include_reasoning => {
+                            (json!({"reasoning": s}), false)
+                        }
+                        OutDelta::Reasoning(_) => continue,
+                    };
+                    let lp = if plan.logprobs && content && !pending.is_empty() {
+                        logprobs_json(&std::mem::take(pending), plan.top_logprobs)
+                    } else {
+                        Value::Null
+                    };
+                    if tx.send(chunk(index, delta, Value::Null, lp)).is_err() {
+                        return false;
                     }
-                    OutDelta::Reasoning(_) => continue,
-                };
-                let lp = if plan.logprobs && content && !pending.is_empty() {
-                    logprobs_json(&std::mem::take(pending), plan.top_logprobs)
-                } else {
-                    Value::Null
-                };
-                if tx.send(chunk(delta, Value::Null, lp)).is_err() {
-                    return false;
                 }
+                true
+            };
+        for index in 0..n {
+            let role = json!({"role": "assistant", "content": ""});
+            if tx
+                .send(chunk(index, role, Value::Null, Value::Null))
+                .is_err()
+            {
+                return;
             }
-            true
-        };
-        if tx
-            .send(chunk(
-                json!({"role": "assistant", "content": ""}),
-                Value::Null,
-                Value::Null,
-            ))
-            .is_err()
-        {
-            return;
         }
-        let mut parser = OutputParser::new(plan.thinking, plan.tool_format, plan.forced.as_ref());
-        let mut tokens = Vec::new();
-        while let Some(ev) = rx.recv().await {
+        let mut parsers: Vec<OutputParser> = (0..n)
+            .map(|_| OutputParser::new(plan.thinking, plan.tool_format, plan.forced.as_ref()))
+            .collect();
+        let mut tokens: Vec<Vec<TokenInfo>> = vec![Vec::new(); n];
+        let mut total: Option<Usage> = None;
+        let mut finished = 0;
+        while let Some((index, ev)) = merged.recv().await {
+            let (parser, tokens) = (&mut parsers[index], &mut tokens[index]);
             match ev {
                 GenEvent::Delta { text, tokens: t } => {
                     tokens.extend(t);
-                    if !send_deltas(parser.push(&text), &mut tokens) {
+                    if !send_deltas(index, parser.push(&text), tokens) {
                         return;
                     }
                 }
@@ -539,7 +550,7 @@ fn stream_response(
                 }
                 GenEvent::Done { finish, usage, .. } => {
                     let (rest, calls) = parser.finish();
-                    if !send_deltas(rest, &mut tokens) {
+                    if !send_deltas(index, rest, tokens) {
                         return;
                     }
                     let calls = limit_calls(calls, &plan);
@@ -549,23 +560,25 @@ fn stream_response(
                             "function": {"name": c.name, "arguments": ""}}]});
                         let args = json!({"tool_calls": [{"index": i,
                             "function": {"arguments": c.arguments_string()}}]});
-                        let _ = tx.send(chunk(opener, Value::Null, Value::Null));
-                        let _ = tx.send(chunk(args, Value::Null, Value::Null));
+                        let _ = tx.send(chunk(index, opener, Value::Null, Value::Null));
+                        let _ = tx.send(chunk(index, args, Value::Null, Value::Null));
                     }
                     let lp = if plan.logprobs && !tokens.is_empty() {
-                        logprobs_json(&tokens, plan.top_logprobs)
+                        logprobs_json(tokens, plan.top_logprobs)
                     } else {
                         Value::Null
                     };
-                    let _ = tx.send(chunk(
-                        json!({}),
-                        json!(finish_reason(&finish, !calls.is_empty())),
-                        lp,
-                    ));
-                    if plan.include_usage {
+                    let finish = json!(finish_reason(&finish, !calls.is_empty()));
+                    let _ = tx.send(chunk(index, json!({}), finish, lp));
+                    add_choice_usage(&mut total, usage);
+                    finished += 1;
+                    if finished < n {
+                        continue;
+                    }
+                    if let (true, Some(usage)) = (plan.include_usage, &total) {
                         let last = json!({
                             "id": id, "object": "chat.completion.chunk", "created": created,
-                            "model": model, "choices": [], "usage": chat_usage(&usage, &plan),
+                            "model": model, "choices": [], "usage": chat_usage(usage, &plan),
                         });
                         let _ = tx.send(last.to_string());
                     }
@@ -576,4 +589,17 @@ fn stream_response(
         }
     });
     response
+}
+
+/// Fold a choice's usage into the response's: the prompt counts once, whatever the number of
+/// choices.
+fn add_choice_usage(total: &mut Option<Usage>, usage: Usage) {
+    match total {
+        Some(t) => {
+            t.completion_tokens += usage.completion_tokens;
+            t.draft_tokens += usage.draft_tokens;
+            t.accepted_draft_tokens += usage.accepted_draft_tokens;
+        }
+        None => *total = Some(usage),
+    }
 }
