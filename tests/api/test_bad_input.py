@@ -134,7 +134,6 @@ FIELD_CASES = [
      "max_completion_tokens"),
     ("n-17", CHAT, body_for(CHAT, n=17), "n"),
     ("n-17", COMP, body_for(COMP, n=17), "n"),
-    ("n-2-stream", COMP, body_for(COMP, n=2, stream=True), "n"),
     ("token-id-outside-vocab", COMP, body_for(COMP, prompt=[1, 10**9]), "prompt"),
     # unknown and refused fields
     ("unknown-field", CHAT, body_for(CHAT, frobnicate=1), "frobnicate"),

@@ -5,6 +5,7 @@ again."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -76,3 +77,29 @@ def test_chat_n2_streams_both_choices_by_index(smol):
     assert finishes == {0: "length", 1: "length"}
     assert usage is not None and usage.completion_tokens == 2 * 10
     assert usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_completions_stream_a_prompt_list_times_n(smol):
+    """Streamed prompt list × n: every choice's text is the unstreamed one's (greedy), each
+    chunk names its choice, and the usage chunk counts each prompt once."""
+    body = {"prompt": ["The sky is", "Two plus two is"], "n": 2, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    whole = httpx.post(f"{smol.v1}/completions", json=body, timeout=60).json()
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    usage = None
+    with httpx.stream("POST", f"{smol.v1}/completions", json={**body, "stream": True,
+                      "stream_options": {"include_usage": True}}, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for c in chunk["choices"]:
+                texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+                if c["finish_reason"]:
+                    finishes[c["index"]] = c["finish_reason"]
+    assert texts == {c["index"]: c["text"] for c in whole["choices"]}
+    assert finishes == {i: "length" for i in range(4)}
+    assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+    assert usage["completion_tokens"] == 4 * 6

@@ -470,19 +470,7 @@ fn stream_response(
     let (tx, events) = tokio::sync::mpsc::unbounded_channel::<String>();
     let response = sse::data_stream(events, &state.closing);
     let n = rxs.len();
-    let (merged_tx, mut merged) = tokio::sync::mpsc::unbounded_channel::<(usize, GenEvent)>();
-    for (index, mut rx) in rxs.into_iter().enumerate() {
-        let merged_tx = merged_tx.clone();
-        // Ends when the choice ends or the response is gone; dropping `rx` then cancels it.
-        tokio::spawn(async move {
-            while let Some(ev) = rx.recv().await {
-                if merged_tx.send((index, ev)).is_err() {
-                    break;
-                }
-            }
-        });
-    }
-    drop(merged_tx);
+    let mut merged = generate::merge(rxs);
     tokio::spawn(async move {
         let model = state.model_id.clone();
         let chunk = |index: usize, delta: Value, finish: Value, logprobs: Value| {

@@ -101,12 +101,6 @@ async fn handle(
     }
     let n = req.n.unwrap_or(1) as usize;
     let stream_asked = req.stream.unwrap_or(false);
-    if stream_asked && prompts.len() * n > 1 {
-        return Err(ApiError::invalid(
-            if n > 1 { "n" } else { "prompt" },
-            "several choices (n > 1, or a list of prompts) are not streamed: ask without `stream`",
-        ));
-    }
     let max_tokens = max_tokens(req.max_tokens, "max_tokens")?.or(Some(16));
     let stops = stop_strings(&req.stop, "stop")?;
     let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true);
@@ -161,8 +155,10 @@ async fn handle(
         }
     }
     if stream_asked {
-        let (rx, _, _) = choices.remove(0);
-        return Ok(stream(state, rx, id, created, include_usage, logprobs));
+        let choices = (choices.into_iter())
+            .map(|(rx, _, first_of_prompt)| (rx, first_of_prompt))
+            .collect();
+        return Ok(stream(state, choices, id, created, include_usage, logprobs));
     }
     let mut out = Vec::with_capacity(choices.len());
     let mut usage = Usage::default();
@@ -170,14 +166,7 @@ async fn handle(
         let (mut choice, u) = collect(&state, rx, logprobs, scoring.as_ref().as_ref()).await?;
         choice["index"] = json!(index);
         out.push(choice);
-        if first_of_prompt {
-            // A prompt counts once, whatever the number of its choices.
-            usage.prompt_tokens += u.prompt_tokens;
-            usage.cached_tokens += u.cached_tokens;
-        }
-        usage.completion_tokens += u.completion_tokens;
-        usage.draft_tokens += u.draft_tokens;
-        usage.accepted_draft_tokens += u.accepted_draft_tokens;
+        add_usage(&mut usage, &u, first_of_prompt);
     }
     Ok(axum::Json(json!({
         "id": id, "object": "text_completion", "created": created,
@@ -336,9 +325,11 @@ async fn collect(
     Err(ApiError::internal("generation ended without a result"))
 }
 
+/// The SSE response: every choice's chunks as they come, each with its `index`; the usage
+/// chunk (each prompt counted once) and `[DONE]` after the last choice finishes.
 fn stream(
     state: SharedState,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    choices: Vec<(tokio::sync::mpsc::UnboundedReceiver<GenEvent>, bool)>,
     id: String,
     created: u64,
     include_usage: bool,
@@ -346,25 +337,30 @@ fn stream(
 ) -> Response {
     let (tx, events) = tokio::sync::mpsc::unbounded_channel::<String>();
     let response = sse::data_stream(events, &state.closing);
+    let n = choices.len();
+    let (rxs, first_of_prompt): (Vec<_>, Vec<bool>) = choices.into_iter().unzip();
+    let mut merged = generate::merge(rxs);
     tokio::spawn(async move {
-        let chunk = |text: &str, finish: Value, lp: Value| {
+        let chunk = |index: usize, text: &str, finish: Value, lp: Value| {
             let mut c = json!({
                 "id": id, "object": "text_completion", "created": created, "model": state.model_id,
-                "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}],
+                "choices": [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}],
             });
             if include_usage {
                 c["usage"] = Value::Null;
             }
             c.to_string()
         };
-        while let Some(ev) = rx.recv().await {
+        let mut total = Usage::default();
+        let mut finished = 0;
+        while let Some((index, ev)) = merged.recv().await {
             match ev {
                 GenEvent::Delta { text, tokens } => {
                     let lp = match logprobs {
                         Some(n) => logprobs_json(&tokens, n),
                         None => Value::Null,
                     };
-                    if tx.send(chunk(&text, Value::Null, lp)).is_err() {
+                    if tx.send(chunk(index, &text, Value::Null, lp)).is_err() {
                         return;
                     }
                 }
@@ -374,11 +370,17 @@ fn stream(
                     return;
                 }
                 GenEvent::Done { finish, usage, .. } => {
-                    let _ = tx.send(chunk("", json!(finish_reason(&finish)), Value::Null));
+                    let finish = json!(finish_reason(&finish));
+                    let _ = tx.send(chunk(index, "", finish, Value::Null));
+                    add_usage(&mut total, &usage, first_of_prompt[index]);
+                    finished += 1;
+                    if finished < n {
+                        continue;
+                    }
                     if include_usage {
                         let _ = tx.send(
                             json!({"id": id, "object": "text_completion", "created": created,
-                                "model": state.model_id, "choices": [], "usage": usage_json(&usage)})
+                                "model": state.model_id, "choices": [], "usage": usage_json(&total)})
                             .to_string(),
                         );
                     }
@@ -389,4 +391,15 @@ fn stream(
         }
     });
     response
+}
+
+/// Fold a choice's usage into the response's: a prompt counts once, with its first choice.
+fn add_usage(total: &mut Usage, u: &Usage, first_of_prompt: bool) {
+    if first_of_prompt {
+        total.prompt_tokens += u.prompt_tokens;
+        total.cached_tokens += u.cached_tokens;
+    }
+    total.completion_tokens += u.completion_tokens;
+    total.draft_tokens += u.draft_tokens;
+    total.accepted_draft_tokens += u.accepted_draft_tokens;
 }
