@@ -510,6 +510,27 @@ fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// Several generations' events as one stream, each tagged with its generation's place in
+/// `rxs`, in the order they come (a streamed response with several choices). A generation's
+/// forwarding ends with it or when the merged receiver is dropped; dropping its receiver then
+/// cancels it.
+pub fn merge(
+    rxs: Vec<mpsc::UnboundedReceiver<GenEvent>>,
+) -> mpsc::UnboundedReceiver<(usize, GenEvent)> {
+    let (merged_tx, merged) = mpsc::unbounded_channel();
+    for (index, mut rx) in rxs.into_iter().enumerate() {
+        let merged_tx = merged_tx.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                if merged_tx.send((index, ev)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    merged
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -537,25 +558,4 @@ mod tests {
         assert_eq!(t, "abc");
         assert_eq!(m.finish("N"), "EN");
     }
-}
-
-/// Several generations' events as one stream, each tagged with its generation's place in
-/// `rxs`, in the order they come (a streamed response with several choices). A generation's
-/// forwarding ends with it or when the merged receiver is dropped; dropping its receiver then
-/// cancels it.
-pub fn merge(
-    rxs: Vec<mpsc::UnboundedReceiver<GenEvent>>,
-) -> mpsc::UnboundedReceiver<(usize, GenEvent)> {
-    let (merged_tx, merged) = mpsc::unbounded_channel();
-    for (index, mut rx) in rxs.into_iter().enumerate() {
-        let merged_tx = merged_tx.clone();
-        tokio::spawn(async move {
-            while let Some(ev) = rx.recv().await {
-                if merged_tx.send((index, ev)).is_err() {
-                    break;
-                }
-            }
-        });
-    }
-    merged
 }
