@@ -26,8 +26,6 @@ pub struct TokenOutput {
 pub struct StepStats {
     pub num_prefill_tokens: usize,
     pub num_decode_tokens: usize,
-    /// Of the decode tokens, draft tokens being verified.
-    pub num_draft_tokens: usize,
 }
 
 pub struct LlmEngine {
@@ -429,7 +427,6 @@ impl LlmEngine {
         self.spec_stats.drafts += 1;
         self.spec_stats.proposed_tokens += proposed as u64;
         self.spec_stats.accepted_tokens += accepted as u64;
-        self.last_step.num_draft_tokens += proposed;
         seq.draft.clear();
         seq.draft_accepted = 0;
         seq.draft_rejected = false;

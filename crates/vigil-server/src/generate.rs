@@ -112,6 +112,20 @@ pub struct Usage {
     pub accepted_draft_tokens: usize,
 }
 
+impl Usage {
+    /// Fold one choice's usage into a response's (several choices, several prompts): a prompt
+    /// counts once, with the choice that brings it first.
+    pub fn add_choice(&mut self, u: &Usage, first_of_prompt: bool) {
+        if first_of_prompt {
+            self.prompt_tokens += u.prompt_tokens;
+            self.cached_tokens += u.cached_tokens;
+        }
+        self.completion_tokens += u.completion_tokens;
+        self.draft_tokens += u.draft_tokens;
+        self.accepted_draft_tokens += u.accepted_draft_tokens;
+    }
+}
+
 #[derive(Debug)]
 pub enum GenEvent {
     /// New text (possibly empty while held back for a stop string) and the tokens behind it.

@@ -368,7 +368,7 @@ fn build_state(
                 bytes >> 20,
                 num_blocks * block_size
             );
-            DraftModel::new(d, num_blocks, block_size, kv)
+            DraftModel::new(d, kv)
         });
         let mut engine = LlmEngine::new(ModelRunner::new(model, kv), scheduler);
         engine.spec = speculative;

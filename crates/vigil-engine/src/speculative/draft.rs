@@ -35,20 +35,15 @@ pub struct DraftRequest<'a> {
 }
 
 impl DraftModel {
-    /// `model` drafts into a KV cache of `num_blocks` blocks of `block_size` tokens.
-    pub fn new(model: Model, num_blocks: usize, block_size: usize, kv: KvCache) -> Self {
-        debug_assert_eq!((kv.num_blocks, kv.block_size), (num_blocks, block_size));
+    /// `model` drafts into `kv`, whose blocks its own pool hands out.
+    pub fn new(model: Model, kv: KvCache) -> Self {
         DraftModel {
+            pool: SharedBlockPool::new(kv.num_blocks, kv.block_size),
             model,
             kv,
-            pool: SharedBlockPool::new(num_blocks, block_size),
             seqs: HashMap::new(),
             input: StepInput::default(),
         }
-    }
-
-    pub fn vocab_size(&self) -> usize {
-        self.model.config.vocab_size
     }
 
     /// Blocks of the draft pool held by sequences (a leak check for tests).

@@ -52,15 +52,6 @@ impl SpecMethod {
             _ => None,
         }
     }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            SpecMethod::Off => "off",
-            SpecMethod::Ngram => "ngram",
-            SpecMethod::Suffix => "suffix",
-            SpecMethod::Draft => "draft",
-        }
-    }
 }
 
 /// What a request asks of speculation. `Default`: the server's method, no prediction.

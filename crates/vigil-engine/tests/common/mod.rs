@@ -45,9 +45,7 @@ pub fn attach_draft(engine: &mut LlmEngine, dir: &str, num_blocks: usize) {
     model.share_pool(&engine.runner.model);
     let c = &model.config;
     let kv = KvCache::new(c.num_layers, c.kv_dim(), num_blocks, BLOCK, KvDtype::F32);
-    engine.draft = Some(vigil_engine::speculative::DraftModel::new(
-        model, num_blocks, BLOCK, kv,
-    ));
+    engine.draft = Some(vigil_engine::speculative::DraftModel::new(model, kv));
 }
 
 pub struct Lcg(pub u64);

@@ -251,14 +251,13 @@ async fn handle(
         return Ok(stream_response(state, rxs, plan, id, created));
     }
     let mut choices = Vec::with_capacity(n);
-    let mut total: Option<Usage> = None;
+    let mut usage = Usage::default();
     for (index, rx) in rxs.into_iter().enumerate() {
-        let (mut choice, usage) = collect_choice(&state, rx, &plan).await?;
+        let (mut choice, u) = collect_choice(&state, rx, &plan).await?;
         choice["index"] = json!(index);
         choices.push(choice);
-        add_choice_usage(&mut total, usage);
+        usage.add_choice(&u, index == 0);
     }
-    let usage = total.ok_or_else(|| ApiError::internal("no choice"))?;
     let body = json!({
         "id": id, "object": "chat.completion", "created": created,
         "model": state.model_id, "choices": choices, "usage": chat_usage(&usage, &plan),
@@ -520,7 +519,7 @@ fn stream_response(
             .map(|_| OutputParser::new(plan.thinking, plan.tool_format, plan.forced.as_ref()))
             .collect();
         let mut tokens: Vec<Vec<TokenInfo>> = vec![Vec::new(); n];
-        let mut total: Option<Usage> = None;
+        let mut total = Usage::default();
         let mut finished = 0;
         while let Some((index, ev)) = merged.recv().await {
             let (parser, tokens) = (&mut parsers[index], &mut tokens[index]);
@@ -558,15 +557,15 @@ fn stream_response(
                     };
                     let finish = json!(finish_reason(&finish, !calls.is_empty()));
                     let _ = tx.send(chunk(index, json!({}), finish, lp));
-                    add_choice_usage(&mut total, usage);
+                    total.add_choice(&usage, finished == 0);
                     finished += 1;
                     if finished < n {
                         continue;
                     }
-                    if let (true, Some(usage)) = (plan.include_usage, &total) {
+                    if plan.include_usage {
                         let last = json!({
                             "id": id, "object": "chat.completion.chunk", "created": created,
-                            "model": model, "choices": [], "usage": chat_usage(usage, &plan),
+                            "model": model, "choices": [], "usage": chat_usage(&total, &plan),
                         });
                         let _ = tx.send(last.to_string());
                     }
@@ -577,17 +576,4 @@ fn stream_response(
         }
     });
     response
-}
-
-/// Fold a choice's usage into the response's: the prompt counts once, whatever the number of
-/// choices.
-fn add_choice_usage(total: &mut Option<Usage>, usage: Usage) {
-    match total {
-        Some(t) => {
-            t.completion_tokens += usage.completion_tokens;
-            t.draft_tokens += usage.draft_tokens;
-            t.accepted_draft_tokens += usage.accepted_draft_tokens;
-        }
-        None => *total = Some(usage),
-    }
 }

@@ -166,7 +166,7 @@ async fn handle(
         let (mut choice, u) = collect(&state, rx, logprobs, scoring.as_ref().as_ref()).await?;
         choice["index"] = json!(index);
         out.push(choice);
-        add_usage(&mut usage, &u, first_of_prompt);
+        usage.add_choice(&u, first_of_prompt);
     }
     Ok(axum::Json(json!({
         "id": id, "object": "text_completion", "created": created,
@@ -372,7 +372,7 @@ fn stream(
                 GenEvent::Done { finish, usage, .. } => {
                     let finish = json!(finish_reason(&finish));
                     let _ = tx.send(chunk(index, "", finish, Value::Null));
-                    add_usage(&mut total, &usage, first_of_prompt[index]);
+                    total.add_choice(&usage, first_of_prompt[index]);
                     finished += 1;
                     if finished < n {
                         continue;
@@ -391,15 +391,4 @@ fn stream(
         }
     });
     response
-}
-
-/// Fold a choice's usage into the response's: a prompt counts once, with its first choice.
-fn add_usage(total: &mut Usage, u: &Usage, first_of_prompt: bool) {
-    if first_of_prompt {
-        total.prompt_tokens += u.prompt_tokens;
-        total.cached_tokens += u.cached_tokens;
-    }
-    total.completion_tokens += u.completion_tokens;
-    total.draft_tokens += u.draft_tokens;
-    total.accepted_draft_tokens += u.accepted_draft_tokens;
 }
