@@ -1,4 +1,5 @@
-//! Vigil's HTTP edge: OpenAI (`/v1/chat/completions`, `/v1/completions`, `/v1/models`) and
+//! Vigil's HTTP edge: OpenAI (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`,
+//! `/v1/models`) and
 //! Anthropic (`/v1/messages`) surfaces over one engine thread, with `/health`, Prometheus
 //! `/metrics`, API keys, body limits and bounded admission.
 
@@ -18,6 +19,7 @@ pub mod openai;
 pub mod output;
 pub mod prompt;
 pub mod request_id;
+pub mod responses;
 pub mod routes;
 pub mod session;
 pub mod sse;

@@ -30,6 +30,15 @@ pub fn router(state: SharedState) -> Router {
             "/v1/completions",
             post(crate::openai::completions::completions),
         )
+        .route("/v1/responses", post(crate::responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(crate::responses::retrieve).delete(crate::responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(crate::responses::input_items),
+        )
         .route("/v1/messages", post(crate::anthropic::messages::messages))
         .route("/tokenize", post(crate::openai::tokenize::tokenize))
         .route("/detokenize", post(crate::openai::tokenize::detokenize))

@@ -106,6 +106,14 @@ pub fn data_stream(rx: UnboundedReceiver<String>, closing: &Closing) -> Response
     sse_response(rx, |data| format!("data: {data}\n\n"), closing, last)
 }
 
+/// A dialect B item (`name\npayload`) as its frame.
+fn typed_frame(item: String) -> String {
+    match item.split_once('\n') {
+        Some((name, data)) => format!("event: {name}\ndata: {data}\n\n"),
+        None => format!("data: {item}\n\n"),
+    }
+}
+
 /// Dialect B: each item is `name\npayload`; written as `event: name` + `data: payload`. At the
 /// shutdown deadline: an Anthropic `error` event (`overloaded_error`: retry elsewhere).
 pub fn event_stream(rx: UnboundedReceiver<String>, closing: &Closing) -> Response {
@@ -113,9 +121,13 @@ pub fn event_stream(rx: UnboundedReceiver<String>, closing: &Closing) -> Respons
         "type": "overloaded_error", "message": SHUTDOWN_MESSAGE,
     }});
     let last = format!("event: error\ndata: {err}\n\n");
-    let frame = |item: String| match item.split_once('\n') {
-        Some((name, data)) => format!("event: {name}\ndata: {data}\n\n"),
-        None => format!("data: {item}\n\n"),
-    };
-    sse_response(rx, frame, closing, last)
+    sse_response(rx, typed_frame, closing, last)
+}
+
+/// Dialect B for OpenAI's Responses API: at the shutdown deadline, its `error` event.
+pub fn responses_event_stream(rx: UnboundedReceiver<String>, closing: &Closing) -> Response {
+    let err = serde_json::json!({"type": "error", "code": "server_shutdown",
+        "message": SHUTDOWN_MESSAGE, "param": null});
+    let last = format!("event: error\ndata: {err}\n\n");
+    sse_response(rx, typed_frame, closing, last)
 }

@@ -383,7 +383,13 @@ fn build_state(
         kv_disk,
     );
     let cpu_jobs = crate::cpu_jobs::CpuJobs::new(&tokenizer);
+    let responses = crate::responses::store::ResponseStore::new(
+        engine.clone(),
+        config.response_ttl,
+        config.max_stored_responses,
+    );
     Ok(Arc::new(AppState {
+        responses,
         cpu_jobs,
         closing: crate::sse::Closing::default(),
         sessions,

@@ -30,6 +30,10 @@ pub struct ServerConfig {
     pub allowed_origins: crate::edge::AllowedOrigins,
     /// Where sessions are journaled (`--state-dir`); `None`: in memory only (`--no-persist`).
     pub state_dir: Option<std::path::PathBuf>,
+    /// How long a stored response is kept (`--response-ttl`; zero: none is), and how many at
+    /// most (`--max-stored-responses`).
+    pub response_ttl: std::time::Duration,
+    pub max_stored_responses: usize,
     /// Bytes of disk idle sessions' KV may take under the state directory (`--kv-disk`;
     /// 0: off).
     pub kv_disk_bytes: u64,
@@ -57,6 +61,8 @@ pub struct AppState {
     /// The grammar tables of structured outputs, built on first use (`structured.rs`).
     pub grammars: std::sync::OnceLock<Result<Arc<vigil_engine::grammar::Grammars>, String>>,
     pub sessions: crate::session::SessionRegistry,
+    /// Stored responses (`/v1/responses`), continued by `previous_response_id`.
+    pub responses: crate::responses::store::ResponseStore,
     pub cpu_jobs: crate::cpu_jobs::CpuJobs,
     /// Ends every open stream at the shutdown deadline.
     pub closing: crate::sse::Closing,

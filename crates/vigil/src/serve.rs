@@ -70,6 +70,13 @@ pub struct ServeArgs {
     /// Seconds a session may sit idle before it is deleted.
     #[arg(long, default_value_t = 3600.0)]
     session_ttl: f64,
+    /// Seconds a stored response (`/v1/responses` with `store`, the default) is kept in memory
+    /// for `previous_response_id`, with its chain's KV; 0 stores none.
+    #[arg(long, default_value_t = 3600.0)]
+    response_ttl: f64,
+    /// Stored responses at most; past it the oldest go first.
+    #[arg(long, default_value_t = 1024)]
+    max_stored_responses: usize,
     /// Live sessions at most; creating one more is refused with 409.
     #[arg(long, default_value_t = 256)]
     max_sessions: usize,
@@ -149,6 +156,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_seqs: args.max_seqs,
         session_ttl: std::time::Duration::from_secs_f64(args.session_ttl),
         max_sessions: args.max_sessions,
+        response_ttl: std::time::Duration::from_secs_f64(args.response_ttl),
+        max_stored_responses: args.max_stored_responses,
         conn: vigil_server::listener::ConnLimits {
             max_connections: args
                 .max_connections

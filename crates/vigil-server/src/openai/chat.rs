@@ -29,22 +29,29 @@ pub async fn chat_completions(
     }
 }
 
-struct Plan {
-    stream: bool,
-    include_usage: bool,
-    logprobs: bool,
-    thinking: Option<bool>,
-    tool_format: Option<vigil_model::tool_parser::ToolCallFormat>,
-    forced: Option<crate::output::ForcedCall>,
-    parallel_tool_calls: bool,
-    include_reasoning: bool,
+/// How a chat request's choices are read back: what the parser splits and what the reply lists.
+pub(crate) struct Plan {
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+    pub(crate) logprobs: bool,
+    pub(crate) thinking: Option<bool>,
+    pub(crate) tool_format: Option<vigil_model::tool_parser::ToolCallFormat>,
+    pub(crate) forced: Option<crate::output::ForcedCall>,
+    pub(crate) parallel_tool_calls: bool,
+    pub(crate) include_reasoning: bool,
     /// The request sent a `prediction`: usage reports its accepted and rejected tokens.
-    predicted: bool,
+    pub(crate) predicted: bool,
     /// `top_logprobs`: alternatives listed per generated token (the sampler may keep more for
     /// `prompt_logprobs`).
-    top_logprobs: usize,
+    pub(crate) top_logprobs: usize,
     /// vLLM's `prompt_logprobs`: the rendered prompt's scores, this many alternatives each.
-    prompt_logprobs: Option<u32>,
+    pub(crate) prompt_logprobs: Option<u32>,
+}
+
+/// A chat request's choices, started: one event stream per choice, and how to read them.
+pub(crate) struct Started {
+    pub(crate) rxs: Vec<tokio::sync::mpsc::UnboundedReceiver<GenEvent>>,
+    pub(crate) plan: Plan,
 }
 
 async fn handle(
@@ -54,6 +61,42 @@ async fn handle(
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(body, Flavor::OpenAi)?;
     let session = crate::session::turn::session_of(&state, &headers)?;
+    let Started { rxs, plan } = start(&state, &req, session.as_ref(), None).await?;
+    let id = crate::ids::new_id("chatcmpl-");
+    let created = crate::ids::unix_now();
+    if plan.stream {
+        return Ok(stream_response(state, rxs, plan, id, created));
+    }
+    if rxs.len() == 1 {
+        let Some(rx) = rxs.into_iter().next() else {
+            return Err(ApiError::internal("no choice was started"));
+        };
+        return whole_response(state, rx, plan, id, created).await;
+    }
+    let mut choices = Vec::with_capacity(rxs.len());
+    let mut usage = Usage::default();
+    for (index, rx) in rxs.into_iter().enumerate() {
+        let (mut choice, u) = collect_choice(&state, rx, &plan).await?;
+        choice["index"] = json!(index);
+        choices.push(choice);
+        usage.add_choice(&u, index == 0);
+    }
+    let body = json!({
+        "id": id, "object": "chat.completion", "created": created,
+        "model": state.model_id, "choices": choices, "usage": chat_usage(&usage, &plan),
+    });
+    Ok(axum::Json(body).into_response())
+}
+
+/// Validate and render a chat request and start its choices. A session turn runs on the
+/// session's KV; otherwise `pin_use` (a stored response chain's, `/v1/responses`) may name
+/// the KV the request starts from and saves to.
+pub(crate) async fn start(
+    state: &SharedState,
+    req: &ChatCompletionRequest,
+    session: Option<&std::sync::Arc<crate::session::handle::Session>>,
+    pin_use: Option<vigil_engine::pins::PinUse>,
+) -> Result<Started, ApiError> {
     let messages = template_messages(&req.messages)?;
     let mode = tool_mode(
         req.tool_choice.as_ref(),
@@ -113,7 +156,7 @@ async fn handle(
             forced_call = Some(crate::output::ForcedCall::new(name, tools.as_ref()));
         }
     }
-    let grammar = grammar_for(&state, &structured, forced_call.as_ref()).await?;
+    let grammar = grammar_for(state, &structured, forced_call.as_ref()).await?;
     let logprobs = req.logprobs.unwrap_or(false);
     if let Some(n) = req.top_logprobs {
         if n > MAX_TOP_LOGPROBS {
@@ -154,7 +197,7 @@ async fn handle(
     if let Some(text) = prediction_text(req.prediction.as_ref())? {
         // A prediction is what speculative decoding drafts from: it turns it on for this
         // request unless the request turned it off.
-        let ids = crate::cpu_jobs::encode(&state, text, false, "prediction").await?;
+        let ids = crate::cpu_jobs::encode(state, text, false, "prediction").await?;
         let spec = &mut sampling.speculative;
         spec.prediction = Some(std::sync::Arc::from(ids));
         spec.method
@@ -179,7 +222,7 @@ async fn handle(
         ));
     }
     let prompt = render_chat_opening(
-        &state,
+        state,
         ChatPromptSpec {
             messages: &messages,
             tools: tools.as_ref(),
@@ -208,7 +251,10 @@ async fn handle(
     if n > 1 && session.is_some() {
         return Err(ApiError::invalid("n", "a session turn has one choice"));
     }
-    let (pin, on_finish) = crate::session::turn::begin_if(session.as_ref(), &prompt.ids).await?;
+    let (mut pin, on_finish) = crate::session::turn::begin_if(session, &prompt.ids).await?;
+    if session.is_none() {
+        pin = pin_use;
+    }
     let (first_tx, first_rx) = tokio::sync::oneshot::channel();
     let ignore_eos = req.ignore_eos.unwrap_or(false);
     let params = |sampling, grammar, first_token| GenParams {
@@ -228,41 +274,19 @@ async fn handle(
     };
     let mut first = params(sampling.clone(), grammar, (n > 1).then_some(first_tx));
     (first.pin, first.on_finish) = (pin, on_finish);
-    let rx = generate::start(&state, first)?;
-    let id = crate::ids::new_id("chatcmpl-");
-    let created = crate::ids::unix_now();
-    if plan.stream && n == 1 {
-        return Ok(stream_response(state, vec![rx], plan, id, created));
+    let mut rxs = vec![generate::start(state, first)?];
+    if n > 1 {
+        // The other choices start once the first one's prompt is computed: its full KV blocks
+        // are then in the prefix cache, and they share them.
+        let _ = first_rx.await;
+        for i in 1..n {
+            let mut s = sampling.clone();
+            s.seed = s.seed.map(|seed| seed.wrapping_add(i as u64));
+            let grammar = grammar_for(state, &structured, plan.forced.as_ref()).await?;
+            rxs.push(generate::start(state, params(s, grammar, None))?);
+        }
     }
-    if n == 1 {
-        return whole_response(state, rx, plan, id, created).await;
-    }
-    // The other choices start once the first one's prompt is computed: its full KV blocks are
-    // then in the prefix cache, and they share them.
-    let _ = first_rx.await;
-    let mut rxs = vec![rx];
-    for i in 1..n {
-        let mut s = sampling.clone();
-        s.seed = s.seed.map(|seed| seed.wrapping_add(i as u64));
-        let grammar = grammar_for(&state, &structured, plan.forced.as_ref()).await?;
-        rxs.push(generate::start(&state, params(s, grammar, None))?);
-    }
-    if plan.stream {
-        return Ok(stream_response(state, rxs, plan, id, created));
-    }
-    let mut choices = Vec::with_capacity(n);
-    let mut usage = Usage::default();
-    for (index, rx) in rxs.into_iter().enumerate() {
-        let (mut choice, u) = collect_choice(&state, rx, &plan).await?;
-        choice["index"] = json!(index);
-        choices.push(choice);
-        usage.add_choice(&u, index == 0);
-    }
-    let body = json!({
-        "id": id, "object": "chat.completion", "created": created,
-        "model": state.model_id, "choices": choices, "usage": chat_usage(&usage, &plan),
-    });
-    Ok(axum::Json(body).into_response())
+    Ok(Started { rxs, plan })
 }
 
 /// The constraint of one choice: its structured output, or its forced call's.
@@ -325,7 +349,7 @@ fn chat_usage(u: &Usage, plan: &Plan) -> Value {
 }
 
 /// The `logprobs.content` list, `n` alternatives per token.
-fn logprobs_json(tokens: &[TokenInfo], n: usize) -> Value {
+pub(crate) fn logprobs_json(tokens: &[TokenInfo], n: usize) -> Value {
     let content: Vec<Value> = tokens
         .iter()
         .map(|t| {
@@ -386,7 +410,7 @@ async fn whole_response(
 }
 
 /// One choice's generation as its `choices` entry (without `index`), and its usage.
-async fn collect_choice(
+pub(crate) async fn collect_choice(
     state: &SharedState,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
     plan: &Plan,
