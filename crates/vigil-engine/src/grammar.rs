@@ -7,12 +7,20 @@
 //! spec into a fresh matcher, and is where a bad schema or grammar is reported. The model may
 //! end its output with any of its end-of-generation ids: llguidance knows one EOS, so the mask
 //! allows all of them whenever it allows that one.
+//!
+//! Masks are computed beside the forward pass: after a token is sampled, the matcher consumes it
+//! at once and the next mask is computed on the mask thread (`mask_thread`) while the engine
+//! runs the next step's forward; sampling then picks the mask up. Only where the grammar could
+//! end (the parser accepts) is the mask computed in place, because whether anything but
+//! end-of-generation may follow decides whether the sequence stops on this token. The masks
+//! are the same either way, so the output is too.
 
 use crate::constraint::TokenConstraint;
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
 use toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie, TokenizerEnv};
 use vigil_model::tokenizer::TokenBytes;
 
@@ -113,37 +121,113 @@ impl Grammars {
             return Err(e);
         }
         Ok(GrammarConstraint {
-            matcher,
+            matcher: Some(matcher),
             eos: self.eos.clone(),
-            next: None,
+            next: Next::Unknown,
             done: false,
         })
     }
 }
 
+/// A mask computation handed to the mask thread: the matcher goes there and comes back.
+type MaskJob = Box<dyn FnOnce() + Send>;
+
+/// The one thread that computes masks beside the forward pass, started on first use. Jobs run
+/// in order; each returns its matcher and mask through its own channel.
+fn mask_thread() -> Option<&'static Mutex<mpsc::Sender<MaskJob>>> {
+    static THREAD: OnceLock<Option<Mutex<mpsc::Sender<MaskJob>>>> = OnceLock::new();
+    THREAD
+        .get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<MaskJob>();
+            std::thread::Builder::new()
+                .name("vigil-grammar-masks".into())
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                })
+                .ok()
+                .map(|_| Mutex::new(tx))
+        })
+        .as_ref()
+}
+
+type MaskResult = (Matcher, Result<SimpleVob, String>);
+
+/// The mask for the next token.
+enum Next {
+    /// Not computed: `mask` computes it in place.
+    Unknown,
+    Ready(SimpleVob),
+    /// Being computed on the mask thread, which holds the matcher until it is done.
+    Pending(mpsc::Receiver<MaskResult>),
+}
+
 /// One request's matcher: the output so far, and which tokens may follow it.
 pub struct GrammarConstraint {
-    matcher: Matcher,
+    /// `None` while the mask thread holds it (`Next::Pending`).
+    matcher: Option<Matcher>,
     eos: Arc<[u32]>,
-    /// The mask after the last token, computed in `advance` (to see whether the grammar is
-    /// finished) and used by the next `mask`.
-    next: Option<SimpleVob>,
+    next: Next,
     /// Nothing but end-of-generation may follow: the output is complete.
     done: bool,
 }
 
 impl GrammarConstraint {
     /// Why the matcher failed, if it did (a token it did not allow was forced on it).
-    pub fn error(&self) -> Option<String> {
-        self.matcher.get_error()
+    pub fn error(&mut self) -> Option<String> {
+        self.settle();
+        self.matcher.as_ref().and_then(Matcher::get_error)
+    }
+
+    /// Wait for a mask being computed, and take the matcher back.
+    fn settle(&mut self) {
+        if let Next::Pending(rx) = &self.next {
+            self.next = match rx.recv() {
+                Ok((matcher, mask)) => {
+                    self.matcher = Some(matcher);
+                    match mask {
+                        Ok(m) => Next::Ready(m),
+                        Err(e) => {
+                            tracing::warn!("structured output: no mask: {e}");
+                            Next::Unknown
+                        }
+                    }
+                }
+                // The mask thread is gone (it cannot be, short of a panic in llguidance).
+                Err(_) => Next::Unknown,
+            };
+        }
+    }
+
+    /// Compute the next mask on the mask thread; in place when there is none.
+    fn compute_beside(&mut self, mut matcher: Matcher) {
+        let Some(thread) = mask_thread() else {
+            self.matcher = Some(matcher);
+            self.next = Next::Unknown;
+            return;
+        };
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job: MaskJob = Box::new(move || {
+            let mask = matcher.compute_mask_or_eos().map_err(|e| e.to_string());
+            let _ = tx.send((matcher, mask));
+        });
+        let sent = thread.lock().map(|t| t.send(job).is_ok()).unwrap_or(false);
+        // A job that was not sent dropped its matcher with it: recomputing from scratch is not
+        // possible, so a failed send is treated as the thread being gone for good.
+        self.next = if sent { Next::Pending(rx) } else { Next::Unknown };
     }
 }
 
 impl TokenConstraint for GrammarConstraint {
     fn mask(&mut self, logits: &mut [f32]) -> usize {
-        let computed = match self.next.take() {
-            Some(m) => Ok(m),
-            None => self.matcher.compute_mask_or_eos(),
+        self.settle();
+        let computed = match std::mem::replace(&mut self.next, Next::Unknown) {
+            Next::Ready(m) => Ok(m),
+            _ => match self.matcher.as_mut() {
+                Some(m) => m.compute_mask_or_eos().map_err(|e| e.to_string()),
+                None => Err("the matcher was lost".to_string()),
+            },
         };
         let mask = match computed {
             Ok(m) => m,
@@ -172,28 +256,42 @@ impl TokenConstraint for GrammarConstraint {
     }
 
     fn advance(&mut self, token: u32) {
+        self.settle();
+        self.next = Next::Unknown;
+        let Some(mut matcher) = self.matcher.take() else {
+            return;
+        };
         let token = if self.eos.contains(&token) {
-            if self.matcher.is_stopped() {
+            if matcher.is_stopped() {
                 // The grammar had ended (nothing could extend it): EOS was all it allowed.
+                self.matcher = Some(matcher);
                 return;
             }
             self.eos[0]
         } else {
             token
         };
-        if let Err(e) = self.matcher.consume_token(token) {
+        if let Err(e) = matcher.consume_token(token) {
             tracing::warn!("structured output: the grammar refused token {token}: {e}");
+            self.matcher = Some(matcher);
             return;
         }
-        // A grammar that only end-of-generation can follow is finished now: the sequence
-        // stops on this token instead of spending a step on the end token.
-        if let Ok(next) = self.matcher.compute_mask_or_eos() {
-            self.done = next.num_set() == 1 && next.is_allowed(self.eos[0]);
-            self.next = Some(next);
+        // Where the grammar may end here, whether only end-of-generation can follow decides
+        // whether the sequence stops on this token instead of spending a step on the end
+        // token: that mask is needed now. Elsewhere it can wait for the next sampling.
+        if matcher.is_stopped() || matcher.is_accepting().unwrap_or(true) {
+            if let Ok(next) = matcher.compute_mask_or_eos() {
+                self.done = next.num_set() == 1 && next.is_allowed(self.eos[0]);
+                self.next = Next::Ready(next);
+            }
+            self.matcher = Some(matcher);
+        } else {
+            self.compute_beside(matcher);
         }
     }
 
     fn is_complete(&self) -> bool {
-        self.done || self.matcher.is_stopped()
+        // A pending mask means the parser did not accept: the output cannot be complete.
+        self.done || self.matcher.as_ref().is_some_and(Matcher::is_stopped)
     }
 }
