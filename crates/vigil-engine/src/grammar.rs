@@ -129,8 +129,11 @@ impl Grammars {
     }
 }
 
-/// A mask computation handed to the mask thread: the matcher goes there and comes back.
-type MaskJob = Box<dyn FnOnce() + Send>;
+type MaskResult = (Matcher, Result<SimpleVob, String>);
+
+/// A mask computation handed to the mask thread: the matcher goes there and comes back with
+/// its mask through the job's own channel.
+type MaskJob = (Matcher, mpsc::SyncSender<MaskResult>);
 
 /// The one thread that computes masks beside the forward pass, started on first use. Jobs run
 /// in order; each returns its matcher and mask through its own channel.
@@ -142,8 +145,9 @@ fn mask_thread() -> Option<&'static Mutex<mpsc::Sender<MaskJob>>> {
             std::thread::Builder::new()
                 .name("vigil-grammar-masks".into())
                 .spawn(move || {
-                    while let Ok(job) = rx.recv() {
-                        job();
+                    while let Ok((mut matcher, reply)) = rx.recv() {
+                        let mask = matcher.compute_mask_or_eos().map_err(|e| e.to_string());
+                        let _ = reply.send((matcher, mask));
                     }
                 })
                 .ok()
@@ -151,8 +155,6 @@ fn mask_thread() -> Option<&'static Mutex<mpsc::Sender<MaskJob>>> {
         })
         .as_ref()
 }
-
-type MaskResult = (Matcher, Result<SimpleVob, String>);
 
 /// The mask for the next token.
 enum Next {
@@ -200,22 +202,21 @@ impl GrammarConstraint {
         }
     }
 
-    /// Compute the next mask on the mask thread; in place when there is none.
-    fn compute_beside(&mut self, mut matcher: Matcher) {
-        let Some(thread) = mask_thread() else {
-            self.matcher = Some(matcher);
-            self.next = Next::Unknown;
-            return;
-        };
+    /// Compute the next mask on the mask thread (in place if it is gone).
+    fn compute_beside(&mut self, matcher: Matcher) {
         let (tx, rx) = mpsc::sync_channel(1);
-        let job: MaskJob = Box::new(move || {
-            let mask = matcher.compute_mask_or_eos().map_err(|e| e.to_string());
-            let _ = tx.send((matcher, mask));
-        });
-        let sent = thread.lock().map(|t| t.send(job).is_ok()).unwrap_or(false);
-        // A job that was not sent dropped its matcher with it: recomputing from scratch is not
-        // possible, so a failed send is treated as the thread being gone for good.
-        self.next = if sent { Next::Pending(rx) } else { Next::Unknown };
+        let unsent = match mask_thread().map(|t| t.lock()) {
+            Some(Ok(thread)) => thread.send((matcher, tx)).err().map(|e| e.0 .0),
+            _ => Some(matcher),
+        };
+        match unsent {
+            None => self.next = Next::Pending(rx),
+            Some(m) => {
+                // `mask` computes it when it is needed.
+                self.matcher = Some(m);
+                self.next = Next::Unknown;
+            }
+        }
     }
 }
 
