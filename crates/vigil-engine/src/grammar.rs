@@ -20,7 +20,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie, TokenizerEnv};
 use vigil_model::tokenizer::TokenBytes;
 
@@ -137,8 +137,8 @@ type MaskJob = (Matcher, mpsc::SyncSender<MaskResult>);
 
 /// The one thread that computes masks beside the forward pass, started on first use. Jobs run
 /// in order; each returns its matcher and mask through its own channel.
-fn mask_thread() -> Option<&'static Mutex<mpsc::Sender<MaskJob>>> {
-    static THREAD: OnceLock<Option<Mutex<mpsc::Sender<MaskJob>>>> = OnceLock::new();
+fn mask_thread() -> Option<&'static mpsc::Sender<MaskJob>> {
+    static THREAD: OnceLock<Option<mpsc::Sender<MaskJob>>> = OnceLock::new();
     THREAD
         .get_or_init(|| {
             let (tx, rx) = mpsc::channel::<MaskJob>();
@@ -151,7 +151,7 @@ fn mask_thread() -> Option<&'static Mutex<mpsc::Sender<MaskJob>>> {
                     }
                 })
                 .ok()
-                .map(|_| Mutex::new(tx))
+                .map(|_| tx)
         })
         .as_ref()
 }
@@ -205,9 +205,9 @@ impl GrammarConstraint {
     /// Compute the next mask on the mask thread (in place if it is gone).
     fn compute_beside(&mut self, matcher: Matcher) {
         let (tx, rx) = mpsc::sync_channel(1);
-        let unsent = match mask_thread().map(|t| t.lock()) {
-            Some(Ok(thread)) => thread.send((matcher, tx)).err().map(|e| e.0 .0),
-            _ => Some(matcher),
+        let unsent = match mask_thread() {
+            Some(thread) => thread.send((matcher, tx)).err().map(|e| e.0 .0),
+            None => Some(matcher),
         };
         match unsent {
             None => self.next = Next::Pending(rx),
