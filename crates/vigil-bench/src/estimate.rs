@@ -45,7 +45,9 @@ pub fn point_s(p: &PlannedPoint, s: &Settings) -> f64 {
             let each = match mode {
                 LiveMode::Flash => 0.0,
                 LiveMode::Cold => request_s(64, stream.answer_tokens),
-                LiveMode::Replay => request_s(stream.window_tokens, stream.answer_tokens),
+                LiveMode::Replay | LiveMode::ReplayUncached => {
+                    request_s(stream.window_tokens, stream.answer_tokens)
+                }
             };
             let fill = if mode == LiveMode::Flash {
                 window_fill

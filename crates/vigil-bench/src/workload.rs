@@ -244,6 +244,10 @@ pub enum LiveMode {
     Cold,
     /// A chat completion re-sending the windowed stream (every target).
     Replay,
+    /// The same, opening with a line no other request shares, so no server's prompt or
+    /// prefix cache holds any of it: what a replay costs when the cache does not hold the
+    /// stream (other clients' prompts in between, a restart, another replica).
+    ReplayUncached,
 }
 
 impl LiveMode {
@@ -252,12 +256,13 @@ impl LiveMode {
             LiveMode::Flash => "flash query",
             LiveMode::Cold => "cold query",
             LiveMode::Replay => "stateless replay",
+            LiveMode::ReplayUncached => "stateless replay, uncached",
         }
     }
 
     /// Whether the mode needs the target's session API.
     pub fn needs_sessions(self) -> bool {
-        self != LiveMode::Replay
+        matches!(self, LiveMode::Flash | LiveMode::Cold)
     }
 }
 
@@ -381,7 +386,7 @@ impl PlannedPoint {
                 s.iterations.max(2 * concurrency)
             }
             Shape::LiveStream {
-                mode: LiveMode::Replay,
+                mode: LiveMode::Replay | LiveMode::ReplayUncached,
                 ..
             } => s.replay_iterations.unwrap_or(s.iterations),
             Shape::LiveStream {
@@ -519,13 +524,18 @@ pub fn plan(workload: Workload, s: &Settings) -> Result<Vec<PlannedPoint>, Bench
                 window_tokens: s.window_tokens,
                 answer_tokens: s.answer_tokens,
             };
-            [LiveMode::Flash, LiveMode::Cold, LiveMode::Replay]
-                .into_iter()
-                .map(|mode| PlannedPoint {
-                    label: mode.label().to_string(),
-                    shape: Shape::LiveStream { mode, stream },
-                })
-                .collect()
+            [
+                LiveMode::Flash,
+                LiveMode::Cold,
+                LiveMode::Replay,
+                LiveMode::ReplayUncached,
+            ]
+            .into_iter()
+            .map(|mode| PlannedPoint {
+                label: mode.label().to_string(),
+                shape: Shape::LiveStream { mode, stream },
+            })
+            .collect()
         }
         Workload::Sustained | Workload::Burst => {
             let burst = workload == Workload::Burst;
@@ -655,7 +665,15 @@ mod tests {
         };
         let live = plan(Workload::LiveStream, &s).unwrap();
         let labels: Vec<&str> = live.iter().map(|p| p.label.as_str()).collect();
-        assert_eq!(labels, ["flash query", "cold query", "stateless replay"]);
+        assert_eq!(
+            labels,
+            [
+                "flash query",
+                "cold query",
+                "stateless replay",
+                "stateless replay, uncached"
+            ]
+        );
         assert_eq!(live[0].measured_requests(&s), 20);
         assert_eq!(live[1].measured_requests(&s), 4);
         assert_eq!(live[2].measured_requests(&s), 5);

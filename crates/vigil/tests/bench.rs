@@ -402,7 +402,15 @@ fn check_live(file: &Value) {
 
     let points = t["points"].as_array().expect("points");
     let labels: Vec<&str> = points.iter().filter_map(|p| p["label"].as_str()).collect();
-    assert_eq!(labels, ["flash query", "cold query", "stateless replay"]);
+    assert_eq!(
+        labels,
+        [
+            "flash query",
+            "cold query",
+            "stateless replay",
+            "stateless replay, uncached"
+        ]
+    );
     for p in points {
         let label = &p["label"];
         assert_eq!(p["excluded"], false, "{label}: {}", p["errors"]);
@@ -416,7 +424,7 @@ fn check_live(file: &Value) {
             assert!(num(&s["late_ms"], "late") >= 0.0);
         }
     }
-    let (flash, cold, replay) = (&points[0], &points[1], &points[2]);
+    let (flash, cold, replay, uncached) = (&points[0], &points[1], &points[2], &points[3]);
     // Registered and answered before the phase: every query is served from the flash cache.
     assert_eq!(num(&flash["throughput"]["flash_hit_rate"], "hit rate"), 1.0);
     assert!(flash["throughput"]["mean_lag"].is_number());
@@ -426,7 +434,7 @@ fn check_live(file: &Value) {
         assert!(s["ttft_ms"].is_null(), "a flash answer is not streamed");
     }
     assert!(flash["metrics"].get("ttft_ms").is_none());
-    for p in [cold, replay] {
+    for p in [cold, replay, uncached] {
         for s in p["samples"].as_array().into_iter().flatten() {
             assert_eq!(num(&s["output_tokens"], "output"), 8.0, "{s}");
             let (ttft, e2e) = (num(&s["ttft_ms"], "ttft"), num(&s["e2e_ms"], "e2e"));
@@ -434,6 +442,13 @@ fn check_live(file: &Value) {
         }
     }
     assert_eq!(num(&replay["measured_requests"], "replays"), 3.0);
+    assert_eq!(num(&uncached["measured_requests"], "replays"), 3.0);
+    let samples = |p: &Value| p["samples"].as_array().cloned().unwrap_or_default();
+    for s in samples(uncached).iter().filter(|s| s["warmup"] == false) {
+        // Nothing of an uncached replay is in the prefix cache (the template's opening is
+        // shorter than a block).
+        assert_eq!(num(&s["cached_tokens"], "cached"), 0.0, "{s}");
+    }
     for s in replay["samples"].as_array().into_iter().flatten() {
         // At least what the window keeps after an eviction (more than 80 − 32 tokens of
         // ~24-token entries), re-sent whole with the question, system prompt and template.

@@ -7,7 +7,11 @@
 //! * stateless replay: the windowed stream re-sent as a chat completion, rendered as a session
 //!   renders a question (docs/sessions.md), on every target. The client keeps its own copy of
 //!   the window; on a session target the session is deleted first, so the server holds
-//!   nothing for the stream, as a stateless server would not.
+//!   nothing for the stream, as a stateless server would not. Consecutive replays share all
+//!   but the newest entries, which a server's prompt or prefix cache reuses;
+//! * stateless replay, uncached: the same with a first line unique to each request, so no
+//!   cache holds the stream (as when other clients' prompts come between, after a restart, or
+//!   on another replica).
 //!
 //! The stream starts full (entries until the window has evicted once) and keeps flowing across
 //! the three phases. Queries fall due every P ms, half a period after the pushes; at most one
@@ -470,7 +474,7 @@ impl Stream<'_> {
         for point in points {
             let mode = mode_of(point);
             let session = self.session.lock().await.clone();
-            if mode == LiveMode::Replay {
+            if !mode.needs_sessions() {
                 // Stateless from here: the server keeps nothing for the stream.
                 self.drain().await;
                 if let Some(s) = self.session.lock().await.take() {
@@ -538,7 +542,8 @@ impl Stream<'_> {
             let mut s = match (mode, session) {
                 (LiveMode::Flash, Some(s)) => self.ask_flash(s, flash_id, t0).await,
                 (LiveMode::Cold, Some(s)) => self.ask_cold(s, t0).await,
-                (LiveMode::Replay, _) => self.ask_replay(t0).await,
+                (LiveMode::Replay, _) => self.ask_replay(t0, false).await,
+                (LiveMode::ReplayUncached, _) => self.ask_replay(t0, true).await,
                 (_, None) => {
                     return Err(BenchError::Setting(format!(
                         "{} needs a session",
@@ -604,14 +609,26 @@ impl Stream<'_> {
         to_sample(&streamed, t0, 0, None, a, false)
     }
 
-    async fn ask_replay(&self, t0: Instant) -> Sample {
+    /// `uncached`: the system prompt opens with a line unique to this request, so no cache
+    /// holds any of the prompt past the template's first few tokens.
+    async fn ask_replay(&self, t0: Instant, uncached: bool) -> Sample {
         let a = self.shape.answer_tokens;
         let (content, n) = match self.window.lock() {
             Ok(w) => (w.user_content(FLASH_QUESTION), w.len()),
             Err(_) => (FLASH_QUESTION.to_string(), 0),
         };
+        let system = if uncached {
+            // Mixed so that even the first digits differ between requests.
+            let nonce = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            format!("{nonce:016x}\n{SYSTEM_PROMPT}")
+        } else {
+            SYSTEM_PROMPT.to_string()
+        };
         let messages = [
-            json!({"role": "system", "content": SYSTEM_PROMPT}),
+            json!({"role": "system", "content": system}),
             json!({"role": "user", "content": content}),
         ];
         let body = crate::run::chat_body(self.ctx.model, &messages, a, true);

@@ -334,8 +334,9 @@ pub fn tables(files: &[RunFile]) -> Vec<Table> {
         .collect()
 }
 
-/// live-stream: every target's stateless replay against each session target's flash and cold
-/// query (end to end, p50): the heading, then one row per replaying target.
+/// live-stream: every target's stateless replay (cached, then uncached) against each session
+/// target's flash and cold query (end to end, p50): the heading, then one row per replaying
+/// target and kind.
 pub fn live_ratios(t: &Table) -> Option<(Vec<String>, Vec<Vec<String>>)> {
     if t.workload != Workload::LiveStream {
         return None;
@@ -363,10 +364,18 @@ pub fn live_ratios(t: &Table) -> Option<(Vec<String>, Vec<Vec<String>>)> {
             }
         }
     }
-    let rows: Vec<Vec<String>> = (t.columns.iter().zip(&replay))
-        .filter_map(|(c, r)| Some((c, (*r)?)))
-        .map(|(c, r)| {
-            let mut row = vec![format!("{} {} ms", c.name, fmt_num(r))];
+    let uncached = p50s(LiveMode::ReplayUncached.label());
+    let replays = [("", &replay), (", uncached", &uncached)];
+    let rows: Vec<Vec<String>> = replays
+        .iter()
+        .flat_map(|(tag, p50)| {
+            t.columns
+                .iter()
+                .zip(p50.iter())
+                .filter_map(move |(c, r)| Some((c, tag, (*r)?)))
+        })
+        .map(|(c, tag, r)| {
+            let mut row = vec![format!("{}{tag} {} ms", c.name, fmt_num(r))];
             row.extend(against.iter().map(|&v| format!("×{}", fmt_num(r / v))));
             row
         })
@@ -494,6 +503,7 @@ mod tests {
                 row("flash query", vec![v(0.5), Cell::Missing]),
                 row("cold query", vec![v(100.0), Cell::Missing]),
                 row("stateless replay", vec![v(400.0), v(600.0)]),
+                row("stateless replay, uncached", vec![Cell::Missing, v(1200.0)]),
             ],
             notes: vec![],
         };
@@ -508,6 +518,10 @@ mod tests {
         );
         assert_eq!(rows[0], ["vigil 400.0 ms", "×800.0", "×4.00"]);
         assert_eq!(rows[1], ["llamacpp 600.0 ms", "×1200.0", "×6.00"]);
+        assert_eq!(
+            rows[2],
+            ["llamacpp, uncached 1200.0 ms", "×2400.0", "×12.00"]
+        );
         // No session target: nothing to divide by.
         let stateless = Table {
             columns: vec![col("llamacpp")],
