@@ -21,6 +21,7 @@ fn main() {
         num_kv_heads: 3,
         head_dim: 64,
         block_size: 16,
+        window: None,
     };
     let (q_dim, kv_dim) = (9 * 64, 3 * 64);
     let mut state = 0x2545_F491_4F6C_DD1Du64;

@@ -555,13 +555,17 @@ pub struct AttnSeq<'a> {
     pub block_table: &'a [u32],
 }
 
-/// Shapes shared by every call of one model.
+/// Shapes of one layer's attention.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnShape {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
+    /// Sliding-window (local) attention: a query at position `t` attends to keys
+    /// `t + 1 - window ..= t` only (Gemma 3's local layers, llama.cpp's standard SWA). `None`:
+    /// every earlier key.
+    pub window: Option<usize>,
 }
 
 /// Write K and V rows of the new tokens into their cache slots.
@@ -594,7 +598,8 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `out[t][h] = softmax(q[t][h] · K[0..=pos(t)] / sqrt(d)) · V` for every query row `t` and head `h`.
+/// `out[t][h] = softmax(q[t][h] · K[first(t)..=pos(t)] / sqrt(d)) · V` for every query row `t`
+/// and head `h`, where `first(t)` is 0, or the window's first key (`AttnShape::window`).
 pub fn paged_attention<E: KvElem>(
     pool: &ThreadPool,
     shape: AttnShape,
@@ -676,6 +681,7 @@ struct TileGeometry<'a> {
     query_start: usize,
     /// Keys of the tile's last row: the most any row attends to.
     max_keys: usize,
+    window: Option<usize>,
     block_table: &'a [u32],
 }
 
@@ -694,13 +700,20 @@ impl<'a> TileGeometry<'a> {
             first_pos,
             query_start: seq.query_start,
             max_keys: first_pos + (tile.rows.end - 1 - seq.query_start) + 1,
+            window: shape.window,
             block_table: seq.block_table,
         }
     }
 
-    /// Row `row` attends to keys 0..=its position.
+    /// Row `row` attends to keys `first_key(row)..num_keys(row)` (up to its position).
     fn num_keys(&self, row: usize) -> usize {
         self.first_pos + (row - self.query_start) + 1
+    }
+
+    /// The first key row `row` attends to: 0, or its window's first.
+    fn first_key(&self, row: usize) -> usize {
+        self.window
+            .map_or(0, |w| self.num_keys(row).saturating_sub(w))
     }
 
     /// Offset of key `p`'s row for this tile's KV head.
@@ -736,7 +749,8 @@ fn attend_tile<'o, E: KvElem>(
 ) {
     let g = TileGeometry::new(shape, tile);
     let (d, q_dim, scale, max_keys) = (g.d, g.q_dim, g.scale, g.max_keys);
-    let (num_keys, key_row) = (|row| g.num_keys(row), |p| g.key_row(p));
+    let key_row = |p| g.key_row(p);
+    let keys = |row| g.first_key(row)..g.num_keys(row);
     let simd = crate::cpu::features().avx2_fma_f16c && d.is_multiple_of(8);
     let queries: Vec<(usize, usize)> = tile
         .rows
@@ -750,27 +764,30 @@ fn attend_tile<'o, E: KvElem>(
         let mut scores = cell.borrow_mut();
         scores.clear();
         scores.resize(queries.len() * max_keys, 0.0);
-        for p in 0..max_keys {
+        for p in g.first_key(tile.rows.start)..max_keys {
             let k = &k_cache[key_row(p)..][..d];
             for (qi, &(row, head)) in queries.iter().enumerate() {
-                if p < num_keys(row) {
+                if keys(row).contains(&p) {
                     let qv = &q[row * q_dim + head * d..][..d];
                     scores[qi * max_keys + p] = dot_f32_kv(qv, k) * scale;
                 }
             }
         }
         for (qi, &(row, _)) in queries.iter().enumerate() {
-            crate::ops::softmax_inplace(&mut scores[qi * max_keys..qi * max_keys + num_keys(row)]);
+            let r = keys(row);
+            crate::ops::softmax_inplace(
+                &mut scores[qi * max_keys + r.start..qi * max_keys + r.end],
+            );
         }
         let mut outs: Vec<&mut [f32]> = queries
             .iter()
             .map(|&(row, head)| out_for(row, head))
             .collect();
         outs.iter_mut().for_each(|o| o.fill(0.0));
-        for p in 0..max_keys {
+        for p in g.first_key(tile.rows.start)..max_keys {
             let v = &v_cache[key_row(p)..][..d];
             for (qi, &(row, _)) in queries.iter().enumerate() {
-                if p < num_keys(row) {
+                if keys(row).contains(&p) {
                     let w = scores[qi * max_keys + p];
                     for (o, &x) in outs[qi].iter_mut().zip(v) {
                         *o += w * x.to_f32();
@@ -819,9 +836,13 @@ fn attend_tile_simd<'o, E: KvElem>(
     let g = TileGeometry::new(shape, tile);
     let (d, q_dim, scale, max_keys) = (g.d, g.q_dim, g.scale, g.max_keys);
     let num_keys = |row| g.num_keys(row);
+    let first_key = |row| g.first_key(row);
+    // The tile's keys start at its first row's window (0 without one); a later row's keys
+    // before its own window get weight 0 (adding 0 · v leaves a sum as it is).
+    let start = first_key(tile.rows.start);
     let nq = queries.len();
     // Score rows padded to whole key blocks: the kernels write a block's keys for every query.
-    let stride = max_keys.next_multiple_of(KEY_BLOCK);
+    let stride = start + (max_keys - start).next_multiple_of(KEY_BLOCK);
     let q_ptrs: Vec<*const f32> = queries
         .iter()
         .map(|&(row, head)| q[row * q_dim + head * d..][..d].as_ptr())
@@ -840,7 +861,7 @@ fn attend_tile_simd<'o, E: KvElem>(
             }
             buf.resize(KEY_BLOCK * d, 0.0);
             let base = scores.as_mut_ptr();
-            for p0 in (0..max_keys).step_by(KEY_BLOCK) {
+            for p0 in (start..max_keys).step_by(KEY_BLOCK) {
                 let p1 = (p0 + KEY_BLOCK).min(max_keys);
                 g.key_rows(p0, p1, &mut rows);
                 E::widen_t_avx2(k_cache, &rows, d, &mut buf, KEY_BLOCK);
@@ -852,9 +873,11 @@ fn attend_tile_simd<'o, E: KvElem>(
                 unsafe { simd::scores_t::<KEY_BLOCK>(&q_ptrs, &buf, p1 - p0, d, scale, &ptrs) };
             }
             for (qi, &(row, _)) in queries.iter().enumerate() {
+                let first = first_key(row);
                 let s = &mut scores[qi * stride..qi * stride + num_keys(row)];
+                s[start..first].fill(0.0);
                 // SAFETY: as above.
-                unsafe { simd::softmax(s) };
+                unsafe { simd::softmax(&mut s[first..]) };
             }
             let mut outs: Vec<&mut [f32]> = queries
                 .iter()
@@ -863,7 +886,7 @@ fn attend_tile_simd<'o, E: KvElem>(
             outs.iter_mut().for_each(|o| o.fill(0.0));
             ptrs.clear();
             ptrs.extend(outs.iter_mut().map(|o| o.as_mut_ptr()));
-            for p0 in (0..max_keys).step_by(KEY_BLOCK) {
+            for p0 in (start..max_keys).step_by(KEY_BLOCK) {
                 let p1 = (p0 + KEY_BLOCK).min(max_keys);
                 g.key_rows(p0, p1, &mut rows);
                 E::widen_rows_avx2(v_cache, &rows, d, &mut buf);

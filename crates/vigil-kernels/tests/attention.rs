@@ -27,6 +27,7 @@ fn shape(num_heads: usize, num_kv_heads: usize, head_dim: usize) -> AttnShape {
         num_kv_heads,
         head_dim,
         block_size: 16,
+        window: None,
     }
 }
 
@@ -62,7 +63,8 @@ fn build(rng: &mut ChaCha8Rng, sh: AttnShape, lens: &[usize]) -> (Cache, Vec<Seq
     (cache, seqs)
 }
 
-/// Attention of query rows `q` (the last `q.len() / q_dim` positions of `seq`), in f64.
+/// Attention of query rows `q` (the last `q.len() / q_dim` positions of `seq`), in f64, over
+/// every earlier key or the last `sh.window` of them.
 fn reference(sh: AttnShape, seq: &Seq, len: usize, q: &[f32]) -> Vec<f64> {
     let d = sh.head_dim;
     let q_dim = sh.num_heads * d;
@@ -71,10 +73,11 @@ fn reference(sh: AttnShape, seq: &Seq, len: usize, q: &[f32]) -> Vec<f64> {
     let mut out = vec![0f64; q.len()];
     for r in 0..rows {
         let pos = len - rows + r;
+        let first = sh.window.map_or(0, |w| (pos + 1).saturating_sub(w));
         for h in 0..sh.num_heads {
             let kvh = h / (sh.num_heads / sh.num_kv_heads);
             let qv = &q[r * q_dim + h * d..][..d];
-            let s: Vec<f64> = (0..=pos)
+            let s: Vec<f64> = (first..=pos)
                 .map(|p| {
                     let k = &seq.k[p * kv_dim + kvh * d..][..d];
                     qv.iter()
@@ -87,8 +90,8 @@ fn reference(sh: AttnShape, seq: &Seq, len: usize, q: &[f32]) -> Vec<f64> {
             let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
             let z: f64 = e.iter().sum();
-            for (p, w) in e.iter().enumerate() {
-                let v = &seq.v[p * kv_dim + kvh * d..][..d];
+            for (i, w) in e.iter().enumerate() {
+                let v = &seq.v[(first + i) * kv_dim + kvh * d..][..d];
                 for i in 0..d {
                     out[r * q_dim + h * d + i] += w / z * v[i] as f64;
                 }
@@ -161,6 +164,76 @@ fn matches_reference_on_random_shapes() {
             }
             at += q.len();
         }
+    }
+}
+
+#[test]
+fn sliding_window_matches_reference() {
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    let pool = ThreadPool::new(2);
+    // Windows shorter than a tile's rows, than a key block, and longer than the context; both
+    // the AVX2 path (d 64) and the portable one (d 36, not a multiple of 8).
+    for (d, window) in [
+        (64, 1),
+        (64, 5),
+        (64, 33),
+        (64, 100),
+        (64, 500),
+        (36, 7),
+        (36, 70),
+    ] {
+        let mut sh = shape(4, 2, d);
+        sh.window = Some(window);
+        let q_dim = 4 * d;
+        let lens = [3usize, 64, 131, 260];
+        let (cache, seqs) = build(&mut rng, sh, &lens);
+        let qlens = [3usize, 1, 131, 20];
+        let qs: Vec<Vec<f32>> = qlens
+            .iter()
+            .map(|&n| random_q(&mut rng, n * q_dim))
+            .collect();
+        let parts: Vec<(usize, usize, &[f32])> = (0..lens.len())
+            .map(|i| (i, lens[i], qs[i].as_slice()))
+            .collect();
+        let got = run(&pool, sh, &cache, &seqs, &parts);
+        let mut at = 0;
+        for (i, q) in qs.iter().enumerate() {
+            let want = reference(sh, &seqs[i], lens[i], q);
+            for (k, w) in want.iter().enumerate() {
+                let g = got[at + k] as f64;
+                assert!(
+                    (g - w).abs() <= 2e-5,
+                    "d {d} window {window} seq {i} out[{k}]: {g} vs {w}"
+                );
+            }
+            at += q.len();
+        }
+    }
+}
+
+#[test]
+fn sliding_window_never_uses_keys_before_it() {
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    let pool = ThreadPool::new(2);
+    for d in [64, 36] {
+        let mut sh = shape(2, 1, d);
+        sh.window = Some(40);
+        let (mut cache, seqs) = build(&mut rng, sh, &[300]);
+        let q = random_q(&mut rng, 2 * 2 * d);
+        // The last two rows (positions 298, 299) attend to keys 259..=299 at most.
+        let clean = run(&pool, sh, &cache, &seqs, &[(0, 300, &q)]);
+        let kv_dim = d;
+        for p in 0..259 {
+            let slot = seqs[0].table[p / 16] as usize * 16 + p % 16;
+            for x in &mut cache.k[slot * kv_dim..(slot + 1) * kv_dim] {
+                *x = f16::NAN;
+            }
+            for x in &mut cache.v[slot * kv_dim..(slot + 1) * kv_dim] {
+                *x = f16::NAN;
+            }
+        }
+        let poisoned = run(&pool, sh, &cache, &seqs, &[(0, 300, &q)]);
+        assert_eq!(bits(&poisoned), bits(&clean), "d {d}");
     }
 }
 
@@ -291,6 +364,7 @@ fn simd_path_equals_per_key_ops_on_ragged_shapes() {
             num_kv_heads: kv_heads,
             head_dim: d,
             block_size,
+            window: None,
         };
         let q_dim = heads * d;
         let lens: Vec<usize> = (0..3).map(|_| rng.random_range(1..230)).collect();

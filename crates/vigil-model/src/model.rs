@@ -128,6 +128,7 @@ impl Model {
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             block_size: kv.block_size,
+            window: None,
         };
         let interleaved = c.rope_style == RopeStyle::Interleaved;
 
