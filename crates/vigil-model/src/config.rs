@@ -1,5 +1,6 @@
-//! The decoder's hyper-parameters. Llama, Qwen3 and Qwen3-MoE are one decoder; what differs
-//! between them is data here (per-head q/k norms, routed experts, RoPE style and scaling).
+//! The decoder's hyper-parameters. Llama, Qwen3, Qwen3-MoE and Gemma 3 are one decoder; what
+//! differs between them is data here (per-head q/k norms, routed experts, RoPE style and
+//! scaling, sliding-window layers, norms around the blocks, the MLP's activation).
 
 /// The architecture family, as named by HF `model_type` / GGUF `general.architecture`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -7,6 +8,28 @@ pub enum Arch {
     Llama,
     Qwen3,
     Qwen3Moe,
+    Gemma3,
+}
+
+/// The gated MLP's activation: `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// SwiGLU (Llama, Qwen).
+    #[default]
+    Silu,
+    /// GeGLU with tanh-approximated GELU (Gemma).
+    GeluTanh,
+}
+
+/// Sliding-window (local) attention layers interleaved with global ones (Gemma 3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LocalAttention {
+    /// Keys a local layer's query sees, itself included.
+    pub window: usize,
+    /// Every `pattern`-th layer (1-based) is global; the others are local.
+    pub pattern: usize,
+    /// RoPE base of the local layers (global ones use `rope_theta`).
+    pub rope_theta: f32,
 }
 
 /// How RoPE pairs the dimensions of a head.
@@ -57,9 +80,17 @@ pub struct ModelConfig {
     pub rope_scaling: Option<Llama3RopeScaling>,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
-    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3).
     pub qk_norm: bool,
     pub moe: Option<MoeConfig>,
+    /// Sliding-window layers (Gemma 3); `None`: every layer attends to the whole context.
+    pub local_attention: Option<LocalAttention>,
+    /// Embeddings multiplied by √hidden (Gemma).
+    pub scale_embeddings: bool,
+    /// RMSNorm of the attention and MLP outputs before each residual add (Gemma's
+    /// `post_attention_norm` / `post_feedforward_layernorm`).
+    pub post_norms: bool,
+    pub activation: Activation,
 }
 
 impl ModelConfig {
@@ -69,6 +100,12 @@ impl ModelConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// Layer `i`'s attention window: `Some` on a local (sliding-window) layer.
+    pub fn layer_window(&self, i: usize) -> Option<usize> {
+        let l = self.local_attention?;
+        (l.pattern == 0 || !(i + 1).is_multiple_of(l.pattern)).then_some(l.window)
     }
 
     /// Whether layer `i` routes through experts.
@@ -85,11 +122,20 @@ impl ModelConfig {
 
     /// Inverse frequency of each rotated pair, with Llama 3 scaling applied when configured.
     pub fn rope_inv_freq(&self) -> Vec<f32> {
+        self.rope_inv_freq_for(self.rope_theta)
+    }
+
+    /// The local layers' inverse frequencies, when they have a base of their own.
+    pub fn rope_inv_freq_local(&self) -> Option<Vec<f32>> {
+        self.local_attention
+            .map(|l| self.rope_inv_freq_for(l.rope_theta))
+    }
+
+    fn rope_inv_freq_for(&self, theta: f32) -> Vec<f32> {
         let half = self.head_dim / 2;
         (0..half)
             .map(|i| {
-                let inv =
-                    1.0 / (self.rope_theta as f64).powf(2.0 * i as f64 / self.head_dim as f64);
+                let inv = 1.0 / (theta as f64).powf(2.0 * i as f64 / self.head_dim as f64);
                 match &self.rope_scaling {
                     None => inv as f32,
                     Some(s) => llama3_scale_inv_freq(inv, s) as f32,

@@ -100,7 +100,7 @@ pub fn parse_hf_config(path: &Path, json: &Map<String, Value>) -> Result<ModelCo
     let num_layers = f.positive("num_hidden_layers")?;
     let moe = match arch {
         Arch::Qwen3Moe => f.moe(num_layers)?,
-        Arch::Llama | Arch::Qwen3 => None,
+        Arch::Llama | Arch::Qwen3 | Arch::Gemma3 => None,
     };
 
     Ok(ModelConfig {
@@ -121,11 +121,15 @@ pub fn parse_hf_config(path: &Path, json: &Map<String, Value>) -> Result<ModelCo
             .opt_usize("max_position_embeddings")?
             .unwrap_or(match arch {
                 Arch::Llama => 2048,
-                Arch::Qwen3 | Arch::Qwen3Moe => 32768,
+                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => 32768,
             }),
         tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
         qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
         moe,
+        local_attention: None,
+        scale_embeddings: false,
+        post_norms: false,
+        activation: Default::default(),
     })
 }
 

@@ -160,7 +160,7 @@ impl KvCache {
     pub fn move_rows_rotating_keys(
         &mut self,
         moves: &[(usize, usize)],
-        rotate: impl Fn(&mut [f32]),
+        rotate: impl Fn(usize, &mut [f32]),
     ) {
         fn each<E: Copy>(
             layers: &mut [[Vec<E>; 2]],
@@ -168,15 +168,15 @@ impl KvCache {
             d: usize,
             to: impl Fn(E) -> f32,
             from: impl Fn(f32) -> E,
-            rotate: &dyn Fn(&mut [f32]),
+            rotate: &dyn Fn(usize, &mut [f32]),
         ) {
             let mut row = vec![0f32; d];
-            for [k, v] in layers.iter_mut() {
+            for (layer, [k, v]) in layers.iter_mut().enumerate() {
                 for &(src, dst) in moves {
                     for (r, e) in row.iter_mut().zip(&k[src * d..(src + 1) * d]) {
                         *r = to(*e);
                     }
-                    rotate(&mut row);
+                    rotate(layer, &mut row);
                     for (e, r) in k[dst * d..(dst + 1) * d].iter_mut().zip(&row) {
                         *e = from(*r);
                     }

@@ -17,6 +17,9 @@ pub enum Part {
     QNorm,
     KNorm,
     FfnNorm,
+    /// Gemma's norms of the attention and MLP outputs.
+    PostAttnNorm,
+    PostFfnNorm,
     Gate,
     Up,
     Down,
@@ -89,8 +92,18 @@ pub fn build_weights(
         } else {
             (None, None)
         };
+        let (post_attn_norm, post_ffn_norm) = if config.post_norms {
+            (
+                Some(src.layer_vector(i, Part::PostAttnNorm)?),
+                Some(src.layer_vector(i, Part::PostFfnNorm)?),
+            )
+        } else {
+            (None, None)
+        };
         layers.push(LayerWeights {
             attn_norm: src.layer_vector(i, Part::AttnNorm)?,
+            post_attn_norm,
+            post_ffn_norm,
             wq: q(src.layer_matrix(i, Part::Q)?)?,
             wk: q(src.layer_matrix(i, Part::K)?)?,
             wv: q(src.layer_matrix(i, Part::V)?)?,
@@ -129,6 +142,7 @@ pub fn build_weights(
         output_norm: src.output_norm()?,
         output,
         rope_inv_freq,
+        rope_inv_freq_local: config.rope_inv_freq_local(),
     })
 }
 

@@ -1,8 +1,10 @@
-//! The decoder forward pass over a flat batch, read top to bottom: embed → per layer (norm,
-//! QKV, q/k norm, RoPE, KV write, paged attention, output projection, residual, norm, MLP or
-//! routed experts, residual) → final norm → logits for the rows that sample.
+//! The decoder forward pass over a flat batch, read top to bottom: embed (scaled by √hidden on
+//! Gemma) → per layer (norm, QKV, q/k norm, RoPE, KV write, paged attention over the whole
+//! context or a sliding window, output projection, post-norm on Gemma, residual, norm, MLP or
+//! routed experts, post-norm on Gemma, residual) → final norm → logits for the rows that
+//! sample.
 
-use crate::config::{ModelConfig, RopeStyle};
+use crate::config::{Activation, ModelConfig, RopeStyle};
 use crate::kv_cache::{KvCache, KvLayers};
 use crate::step_input::StepInput;
 use crate::weights::{FeedForward, Mlp, ModelWeights, Moe};
@@ -10,7 +12,8 @@ use std::sync::Arc;
 use vigil_kernels::attention::{paged_attention, write_kv, AttnSeq, AttnShape, KvElem};
 use vigil_kernels::matmul::matmul;
 use vigil_kernels::ops::{
-    add_inplace, rmsnorm, rmsnorm_rows_inplace, rope, silu_mul_inplace, softmax_inplace,
+    add_inplace, gelu_tanh_mul_inplace, rmsnorm, rmsnorm_rows_inplace, rope, silu_mul_inplace,
+    softmax_inplace,
 };
 use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::quant::dequant::dequantize_row;
@@ -82,8 +85,9 @@ impl Model {
     pub fn shift_kv(&self, kv: &mut KvCache, moves: &[(usize, usize)], delta: i64) {
         let c = &self.config;
         let interleaved = c.rope_style == RopeStyle::Interleaved;
-        let inv_freq = &self.weights.rope_inv_freq;
-        kv.move_rows_rotating_keys(moves, |row| {
+        let w = &self.weights;
+        kv.move_rows_rotating_keys(moves, |layer, row| {
+            let inv_freq = w.rope_inv_freq_for(c.layer_window(layer));
             vigil_kernels::ops::rope_shift(row, c.head_dim, delta, inv_freq, interleaved)
         });
     }
@@ -106,6 +110,10 @@ impl Model {
         for (row, &tok) in x.chunks_exact_mut(h).zip(&input.token_ids) {
             dequantize_row(&w.token_embd, tok as usize, row);
         }
+        if c.scale_embeddings {
+            let scale = (h as f32).sqrt();
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
         see("embd", None, x);
 
         let mut query_start = 0;
@@ -123,7 +131,7 @@ impl Model {
                 a
             })
             .collect();
-        let shape = AttnShape {
+        let global = AttnShape {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
@@ -133,6 +141,9 @@ impl Model {
         let interleaved = c.rope_style == RopeStyle::Interleaved;
 
         for (li, layer) in w.layers.iter().enumerate() {
+            let window = c.layer_window(li);
+            let shape = AttnShape { window, ..global };
+            let inv_freq = w.rope_inv_freq_for(window);
             // Attention block.
             let xn = sized(&mut s.xn, t * h);
             for (o, i) in xn.chunks_exact_mut(h).zip(s.x.chunks_exact(h)) {
@@ -154,14 +165,14 @@ impl Model {
                     &mut q[i * q_dim..(i + 1) * q_dim],
                     c.head_dim,
                     pos,
-                    &w.rope_inv_freq,
+                    inv_freq,
                     interleaved,
                 );
                 rope(
                     &mut k[i * kv_dim..(i + 1) * kv_dim],
                     c.head_dim,
                     pos,
-                    &w.rope_inv_freq,
+                    inv_freq,
                     interleaved,
                 );
             }
@@ -179,6 +190,9 @@ impl Model {
             }
             let proj = sized(&mut s.proj, t * h);
             matmul(pool, &layer.wo, attn, t, proj);
+            if let Some(norm) = &layer.post_attn_norm {
+                rmsnorm_rows_inplace(proj, norm, c.rms_norm_eps);
+            }
             add_inplace(&mut s.x[..t * h], proj);
             see("kqv_out", Some(li), attn);
             see("attn_out", Some(li), proj);
@@ -193,7 +207,8 @@ impl Model {
             let proj = sized(&mut s.proj, t * h);
             match &layer.ffn {
                 FeedForward::Dense(mlp) => {
-                    mlp_forward(pool, mlp, xn, t, &mut s.gate, &mut s.up, proj);
+                    let act = c.activation;
+                    mlp_forward(pool, mlp, act, xn, t, &mut s.gate, &mut s.up, proj);
                     let inter = mlp.gate.rows;
                     see("ffn_up", Some(li), &s.up[..t * inter]);
                     see("ffn_swiglu", Some(li), &s.gate[..t * inter]);
@@ -211,6 +226,9 @@ impl Model {
                     };
                     moe_forward(pool, moe, top_k, norm_topk, xn, t, h, scratch, proj);
                 }
+            }
+            if let Some(norm) = &layer.post_ffn_norm {
+                rmsnorm_rows_inplace(proj, norm, c.rms_norm_eps);
             }
             see("ffn_out", Some(li), proj);
             add_inplace(&mut s.x[..t * h], proj);
@@ -249,9 +267,11 @@ fn attend<E: KvElem>(
     paged_attention(pool, shape, q, k_cache, v_cache, seqs, out);
 }
 
+#[allow(clippy::too_many_arguments)]
 fn mlp_forward(
     pool: &ThreadPool,
     mlp: &Mlp,
+    act: Activation,
     x: &[f32],
     t: usize,
     gate: &mut Vec<f32>,
@@ -263,7 +283,10 @@ fn mlp_forward(
     let u = sized(up, t * inter);
     matmul(pool, &mlp.gate, x, t, g);
     matmul(pool, &mlp.up, x, t, u);
-    silu_mul_inplace(g, u);
+    match act {
+        Activation::Silu => silu_mul_inplace(g, u),
+        Activation::GeluTanh => gelu_tanh_mul_inplace(g, u),
+    }
     matmul(pool, &mlp.down, g, t, out);
 }
 
@@ -322,6 +345,7 @@ fn moe_forward(
         mlp_forward(
             pool,
             &moe.experts[e],
+            Activation::Silu,
             expert_in,
             n,
             s.gate,

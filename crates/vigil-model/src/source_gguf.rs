@@ -1,7 +1,7 @@
 //! GGUF as a `TensorSource`: llama.cpp's tensor names, the config from `{arch}.*` metadata,
 //! and the embedded vocabulary.
 
-use crate::config::{Arch, ModelConfig, MoeConfig, RopeStyle};
+use crate::config::{Activation, Arch, LocalAttention, ModelConfig, MoeConfig, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::loader::{Part, TensorSource};
@@ -22,6 +22,8 @@ fn part_name(part: Part) -> &'static str {
         Part::QNorm => "attn_q_norm",
         Part::KNorm => "attn_k_norm",
         Part::FfnNorm => "ffn_norm",
+        Part::PostAttnNorm => "post_attention_norm",
+        Part::PostFfnNorm => "post_ffw_norm",
         Part::Gate => "ffn_gate",
         Part::Up => "ffn_up",
         Part::Down => "ffn_down",
@@ -84,10 +86,11 @@ pub fn gguf_config(f: &GgufFile) -> Result<ModelConfig> {
         "llama" => Arch::Llama,
         "qwen3" => Arch::Qwen3,
         "qwen3moe" => Arch::Qwen3Moe,
+        "gemma3" => Arch::Gemma3,
         other => {
             return Err(ModelError::unsupported(
                 &f.path,
-                format!("architecture '{other}' (supported: llama, qwen3, qwen3moe)"),
+                format!("architecture '{other}' (supported: llama, qwen3, qwen3moe, gemma3)"),
             ))
         }
     };
@@ -134,6 +137,17 @@ pub fn gguf_config(f: &GgufFile) -> Result<ModelConfig> {
     } else {
         None
     };
+    let gemma = arch == Arch::Gemma3;
+    // llama.cpp's Gemma 3: every 6th layer global, the rest local with RoPE base 10,000
+    // (neither is in the file); the window is `attention.sliding_window`.
+    let local_attention = match f.get_u32(&key("attention.sliding_window")) {
+        Some(w) if gemma => Some(LocalAttention {
+            window: w as usize,
+            pattern: 6,
+            rope_theta: 10_000.0,
+        }),
+        _ => None,
+    };
     Ok(ModelConfig {
         arch,
         vocab_size,
@@ -160,6 +174,15 @@ pub fn gguf_config(f: &GgufFile) -> Result<ModelConfig> {
         tie_word_embeddings: f.tensor("output.weight").is_none(),
         qk_norm: f.tensor("blk.0.attn_q_norm.weight").is_some(),
         moe,
+        local_attention,
+        // Gemma's converter already adds 1 to its norm weights (HF stores `w - 1`).
+        scale_embeddings: gemma,
+        post_norms: f.tensor("blk.0.post_attention_norm.weight").is_some(),
+        activation: if gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        },
     })
 }
 
@@ -178,6 +201,13 @@ pub fn gguf_vocab(f: &GgufFile) -> Result<GgufVocab> {
         token_types: f
             .get_i32_array("tokenizer.ggml.token_type")
             .unwrap_or_default(),
+        // llama.cpp also accepts integer scores.
+        scores: (f.get_f32_array("tokenizer.ggml.scores"))
+            .or_else(|| {
+                let ints = f.get_i32_array("tokenizer.ggml.scores")?;
+                Some(ints.into_iter().map(|s| s as f32).collect())
+            })
+            .unwrap_or_default(),
         merges: f
             .get_str_array("tokenizer.ggml.merges")
             .unwrap_or_default()
@@ -187,9 +217,11 @@ pub fn gguf_vocab(f: &GgufFile) -> Result<GgufVocab> {
         bos_token_id: f.get_u32("tokenizer.ggml.bos_token_id"),
         eos_token_id: f.get_u32("tokenizer.ggml.eos_token_id"),
         eot_token_id: f.get_u32("tokenizer.ggml.eot_token_id"),
+        unknown_token_id: f.get_u32("tokenizer.ggml.unknown_token_id"),
         padding_token_id: f.get_u32("tokenizer.ggml.padding_token_id"),
         add_bos_token: f.get_bool("tokenizer.ggml.add_bos_token"),
         add_eos_token: f.get_bool("tokenizer.ggml.add_eos_token"),
+        add_space_prefix: f.get_bool("tokenizer.ggml.add_space_prefix"),
         chat_template: f.get_str("tokenizer.chat_template").map(str::to_string),
     })
 }

@@ -21,6 +21,9 @@ fn part_name(part: Part) -> &'static str {
         Part::QNorm => "self_attn.q_norm",
         Part::KNorm => "self_attn.k_norm",
         Part::FfnNorm => "post_attention_layernorm",
+        // Gemma's (HF Gemma is not loaded yet: its FFN norm is `pre_feedforward_layernorm`).
+        Part::PostAttnNorm => "post_attention_layernorm",
+        Part::PostFfnNorm => "post_feedforward_layernorm",
         Part::Gate => "mlp.gate_proj",
         Part::Up => "mlp.up_proj",
         Part::Down => "mlp.down_proj",

@@ -3,7 +3,7 @@
 
 use vigil_kernels::QMatrix;
 
-/// A SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
+/// A gated MLP: `down(act(gate(x)) * up(x))` (SwiGLU or GeGLU, `ModelConfig::activation`).
 #[derive(Debug, Clone)]
 pub struct Mlp {
     pub gate: QMatrix,
@@ -36,6 +36,9 @@ pub struct LayerWeights {
     pub k_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub ffn: FeedForward,
+    /// Gemma's norms of the attention and MLP outputs, before each residual add.
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 #[derive(Debug, Clone)]
@@ -48,4 +51,16 @@ pub struct ModelWeights {
     pub output: QMatrix,
     /// RoPE inverse frequencies per rotated pair, scaling already applied.
     pub rope_inv_freq: Vec<f32>,
+    /// Those of the sliding-window layers, when their base differs (Gemma 3).
+    pub rope_inv_freq_local: Option<Vec<f32>>,
+}
+
+impl ModelWeights {
+    /// The RoPE frequencies of a layer with this attention window.
+    pub fn rope_inv_freq_for(&self, window: Option<usize>) -> &[f32] {
+        match (&self.rope_inv_freq_local, window) {
+            (Some(local), Some(_)) => local,
+            _ => &self.rope_inv_freq,
+        }
+    }
 }

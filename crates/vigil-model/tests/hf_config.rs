@@ -55,6 +55,10 @@ fn llama_expected() -> ModelConfig {
         tie_word_embeddings: true,
         qk_norm: false,
         moe: None,
+        local_attention: None,
+        scale_embeddings: false,
+        post_norms: false,
+        activation: Default::default(),
     }
 }
 
@@ -76,6 +80,10 @@ fn qwen3_expected() -> ModelConfig {
         tie_word_embeddings: false,
         qk_norm: true,
         moe: None,
+        local_attention: None,
+        scale_embeddings: false,
+        post_norms: false,
+        activation: Default::default(),
     }
 }
 

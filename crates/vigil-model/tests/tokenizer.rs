@@ -1,10 +1,12 @@
 //! Tokenizer ids and decoded text against the reference implementations: HF `tokenizers` for
-//! the Qwen3 and Llama 3.1 tokenizer.json files, llama.cpp for SmolLM2's GGUF vocabulary.
+//! the Qwen3 and Llama 3.1 tokenizer.json files, llama.cpp for the GGUF vocabularies of
+//! SmolLM2 (byte-level BPE) and Gemma 3 (SentencePiece).
 //! Fixtures: tests/fixtures/tokenizer/*.json, made by scripts/make_tokenizer_fixtures.py.
 //!
 //! Needs `VIGIL_TEST_TOKENIZERS` (a dir with `qwen3/` and `llama3_1/`) and
 //! `VIGIL_TEST_GGUF` (the SmolLM2 GGUF, whose vocabulary goes through Vigil's own GGUF reader);
-//! each test is skipped with a message when its variable is unset.
+//! each test is skipped with a message when its variable is unset. The Gemma 3 tests need
+//! `VIGIL_TEST_GEMMA_GGUF` and fail without it (scripts/fetch_test_assets.sh sets it).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -59,6 +61,46 @@ fn gguf_tokenizer() -> Option<Tokenizer> {
     smollm2_vocab().map(|v| Tokenizer::from_gguf_vocab(&v).expect("SmolLM2 vocabulary"))
 }
 
+/// The Gemma 3 270M GGUF vocabulary (SentencePiece, 262,144 tokens), read once.
+fn gemma_vocab() -> &'static GgufVocab {
+    static VOCAB: OnceLock<GgufVocab> = OnceLock::new();
+    VOCAB.get_or_init(|| {
+        let path = std::env::var_os("VIGIL_TEST_GEMMA_GGUF").expect(
+            "VIGIL_TEST_GEMMA_GGUF is not set: eval \"$(scripts/fetch_test_assets.sh)\" first",
+        );
+        let header = metadata_only_copy(Path::new(&path));
+        let file = vigil_model::gguf::GgufFile::open(&header).unwrap_or_else(|e| panic!("{e}"));
+        // The map stays valid once the name is gone.
+        std::fs::remove_file(&header).unwrap_or_else(|e| panic!("{}: {e}", header.display()));
+        vigil_model::source_gguf::gguf_vocab(&file).unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+/// A copy of the start of a GGUF file (its metadata: 6.2 MB for Gemma 3) that declares no
+/// tensors. Vigil's reader refuses a file holding a tensor type it cannot compute with, and
+/// the Q4_K_M Gemma has Q5_0 tensors; the tokenizer needs only the metadata, through that
+/// same reader.
+fn metadata_only_copy(path: &Path) -> PathBuf {
+    use std::io::Read;
+    const HEAD: u64 = 16 << 20;
+    let mut head = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(HEAD).read_to_end(&mut head))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // Magic, version, then the u64 tensor count.
+    head.get_mut(8..16)
+        .unwrap_or_else(|| panic!("{}: not a GGUF file", path.display()))
+        .fill(0);
+    let copy = std::env::temp_dir().join(format!("vigil-gemma-vocab-{}.gguf", std::process::id()));
+    std::fs::write(&copy, &head).unwrap_or_else(|e| panic!("{}: {e}", copy.display()));
+    copy
+}
+
+fn gemma() -> &'static Tokenizer {
+    static TOK: OnceLock<Tokenizer> = OnceLock::new();
+    TOK.get_or_init(|| Tokenizer::from_gguf_vocab(gemma_vocab()).expect("Gemma 3 vocabulary"))
+}
+
 /// Every tokenizer whose files are available, loaded once for all tests.
 fn tokenizers() -> &'static [(&'static str, Tokenizer)] {
     static ALL: OnceLock<Vec<(&'static str, Tokenizer)>> = OnceLock::new();
@@ -81,31 +123,40 @@ fn load_tokenizers() -> Vec<(&'static str, Tokenizer)> {
 #[test]
 fn ids_and_decoding_match_reference() {
     for (name, tok) in tokenizers() {
-        let fx = fixture(name);
-        assert!(fx.cases.len() >= 40, "{name}: corpus too small");
-        for case in &fx.cases {
-            let what = format!("{name} {:?}", case.text);
-            assert_eq!(
-                tok.encode(&case.text, false).unwrap(),
-                case.ids,
-                "{what}: ids"
-            );
-            assert_eq!(
-                tok.encode(&case.text, true).unwrap(),
-                case.ids_add_special,
-                "{what}: ids with special tokens"
-            );
-            assert_eq!(
-                tok.decode(&case.ids, false).unwrap(),
-                case.decoded,
-                "{what}: decode"
-            );
-            assert_eq!(
-                tok.decode(&case.ids, true).unwrap(),
-                case.decoded_skip_special,
-                "{what}: decode skipping special tokens"
-            );
-        }
+        check_ids_and_decoding(name, tok);
+    }
+}
+
+#[test]
+fn gemma3_gguf_ids_and_decoding_match_llama_cpp() {
+    check_ids_and_decoding("gemma3_gguf", gemma());
+}
+
+fn check_ids_and_decoding(name: &str, tok: &Tokenizer) {
+    let fx = fixture(name);
+    assert!(fx.cases.len() >= 40, "{name}: corpus too small");
+    for case in &fx.cases {
+        let what = format!("{name} {:?}", case.text);
+        assert_eq!(
+            tok.encode(&case.text, false).unwrap(),
+            case.ids,
+            "{what}: ids"
+        );
+        assert_eq!(
+            tok.encode(&case.text, true).unwrap(),
+            case.ids_add_special,
+            "{what}: ids with special tokens"
+        );
+        assert_eq!(
+            tok.decode(&case.ids, false).unwrap(),
+            case.decoded,
+            "{what}: decode"
+        );
+        assert_eq!(
+            tok.decode(&case.ids, true).unwrap(),
+            case.decoded_skip_special,
+            "{what}: decode skipping special tokens"
+        );
     }
 }
 
@@ -120,61 +171,78 @@ fn stream(tok: &Tokenizer, tail: &[u32], ids: &[u32], skip: bool) -> Vec<String>
 #[test]
 fn incremental_detokenization_equals_full_decode() {
     for (name, tok) in tokenizers() {
-        let mut partial_char_tokens = 0;
-        for case in &fixture(name).cases {
-            for skip in [false, true] {
-                let ids = &case.ids_add_special;
-                let chunks = stream(tok, &[], ids, skip);
-                let full = tok.decode(ids, skip).unwrap();
-                assert_eq!(chunks.concat(), full, "{name} {:?} skip={skip}", case.text);
-                for chunk in &chunks {
+        check_streaming_equals_full_decode(name, tok);
+    }
+}
+
+#[test]
+fn gemma3_gguf_streaming() {
+    let tok = gemma();
+    check_streaming_equals_full_decode("gemma3_gguf", tok);
+    check_streaming_after_prompt_tail("gemma3_gguf", tok);
+    // Gemma has these emoji whole; it spells rarer characters in byte tokens.
+    check_emoji_streams_whole("gemma3_gguf", tok, "ok \u{20000}\u{2a6a5} \u{1fae8} done");
+}
+
+fn check_streaming_equals_full_decode(name: &str, tok: &Tokenizer) {
+    let mut partial_char_tokens = 0;
+    for case in &fixture(name).cases {
+        for skip in [false, true] {
+            let ids = &case.ids_add_special;
+            let chunks = stream(tok, &[], ids, skip);
+            let full = tok.decode(ids, skip).unwrap();
+            assert_eq!(chunks.concat(), full, "{name} {:?} skip={skip}", case.text);
+            for chunk in &chunks {
+                assert!(
+                    !chunk.contains('\u{FFFD}') || case.text.contains('\u{FFFD}'),
+                    "{name} {:?}: chunk {chunk:?} has a broken character",
+                    case.text
+                );
+            }
+            // A token holding only part of a character must emit nothing yet.
+            for (&id, chunk) in ids.iter().zip(&chunks) {
+                let alone = tok.decode(&[id], skip).unwrap();
+                if alone.ends_with('\u{FFFD}') && !case.text.contains('\u{FFFD}') {
+                    partial_char_tokens += 1;
                     assert!(
-                        !chunk.contains('\u{FFFD}') || case.text.contains('\u{FFFD}'),
-                        "{name} {:?}: chunk {chunk:?} has a broken character",
+                        !chunk.ends_with('\u{FFFD}'),
+                        "{name} {:?}: {chunk:?}",
                         case.text
                     );
                 }
-                // A token holding only part of a character must emit nothing yet.
-                for (&id, chunk) in ids.iter().zip(&chunks) {
-                    let alone = tok.decode(&[id], skip).unwrap();
-                    if alone.ends_with('\u{FFFD}') && !case.text.contains('\u{FFFD}') {
-                        partial_char_tokens += 1;
-                        assert!(
-                            !chunk.ends_with('\u{FFFD}'),
-                            "{name} {:?}: {chunk:?}",
-                            case.text
-                        );
-                    }
-                }
             }
         }
-        assert!(
-            partial_char_tokens > 0,
-            "{name}: the corpus should split some character over several tokens"
-        );
     }
+    assert!(
+        partial_char_tokens > 0,
+        "{name}: the corpus should split some character over several tokens"
+    );
 }
 
 #[test]
 fn incremental_detokenization_after_prompt_tail() {
     for (name, tok) in tokenizers() {
-        for case in &fixture(name).cases {
-            let ids = &case.ids;
-            for split in 1..ids.len() {
-                let (tail, generated) = ids.split_at(split);
-                let tail_text = tok.decode(tail, false).unwrap();
-                if tail_text.ends_with('\u{FFFD}') {
-                    continue; // the prompt itself ends inside a character
-                }
-                let full = tok.decode(ids, false).unwrap();
-                let chunks = stream(tok, tail, generated, false);
-                assert_eq!(
-                    Some(chunks.concat().as_str()),
-                    full.get(tail_text.len()..),
-                    "{name} {:?} split at {split}",
-                    case.text
-                );
+        check_streaming_after_prompt_tail(name, tok);
+    }
+}
+
+fn check_streaming_after_prompt_tail(name: &str, tok: &Tokenizer) {
+    for case in &fixture(name).cases {
+        let ids = &case.ids;
+        for split in 1..ids.len() {
+            let (tail, generated) = ids.split_at(split);
+            let tail_text = tok.decode(tail, false).unwrap();
+            if tail_text.ends_with('\u{FFFD}') {
+                continue; // the prompt itself ends inside a character
             }
+            let full = tok.decode(ids, false).unwrap();
+            let chunks = stream(tok, tail, generated, false);
+            assert_eq!(
+                Some(chunks.concat().as_str()),
+                full.get(tail_text.len()..),
+                "{name} {:?} split at {split}",
+                case.text
+            );
         }
     }
 }
@@ -182,19 +250,22 @@ fn incremental_detokenization_after_prompt_tail() {
 #[test]
 fn emoji_split_over_byte_tokens_streams_whole() {
     for (name, tok) in tokenizers() {
-        let text = "ok 🇫🇷👨‍👩‍👧‍👦 done";
-        let ids = tok.encode(text, false).unwrap();
-        let chunks = stream(tok, &[], &ids, false);
-        assert_eq!(chunks.concat(), text, "{name}");
-        assert!(
-            chunks.iter().all(|c| !c.contains('\u{FFFD}')),
-            "{name}: {chunks:?}"
-        );
-        assert!(
-            chunks.iter().filter(|c| c.is_empty()).count() > 1,
-            "{name}: emoji bytes should have been held back: {chunks:?}"
-        );
+        check_emoji_streams_whole(name, tok, "ok 🇫🇷👨‍👩‍👧‍👦 done");
     }
+}
+
+fn check_emoji_streams_whole(name: &str, tok: &Tokenizer, text: &str) {
+    let ids = tok.encode(text, false).unwrap();
+    let chunks = stream(tok, &[], &ids, false);
+    assert_eq!(chunks.concat(), text, "{name}");
+    assert!(
+        chunks.iter().all(|c| !c.contains('\u{FFFD}')),
+        "{name}: {chunks:?}"
+    );
+    assert!(
+        chunks.iter().filter(|c| c.is_empty()).count() > 1,
+        "{name}: emoji bytes should have been held back: {chunks:?}"
+    );
 }
 
 #[test]
@@ -274,6 +345,48 @@ fn special_tokens_smollm2_gguf() {
 }
 
 #[test]
+fn special_tokens_gemma3_gguf() {
+    let tok = gemma();
+    assert_eq!(tok.bos_token_id(), Some(2));
+    assert_eq!(tok.bos_token(), Some("<bos>"));
+    assert_eq!(tok.eos_token(), Some("<eos>"));
+    // EOS, <end_of_turn>, and `</s>`: user-defined in the file, a control token that ends
+    // generation for llama.cpp.
+    assert_eq!(tok.eos_token_ids(), &[1, 106, 212]);
+    assert!(tok.is_special(0) && tok.is_special(106) && tok.is_special(212));
+    // User-defined tokens ("\n", runs of spaces, HTML tags) are text.
+    assert!(!tok.is_special(107) && !tok.is_special(168));
+    assert_eq!(tok.vocab_size(), 262_144);
+    assert_eq!(tok.encode("", true).unwrap(), [2]);
+    // This GGUF carries no chat template (llama.cpp falls back to its built-in Gemma format).
+    assert_eq!(tok.chat_template(), None);
+    assert!(tok.warnings().is_empty());
+}
+
+/// Loading a model builds its tokenizer, which for 262k tokens should stay well under a
+/// second (measured: 0.25 s). Printed, not asserted: test machines are shared and slow.
+#[test]
+fn gemma3_gguf_vocabulary_build_time() {
+    let vocab = gemma_vocab();
+    let start = std::time::Instant::now();
+    let tok = Tokenizer::from_gguf_vocab(vocab).unwrap();
+    let built = start.elapsed();
+    let start = std::time::Instant::now();
+    let text = fixture("gemma3_gguf")
+        .cases
+        .iter()
+        .map(|c| c.text.as_str())
+        .collect::<String>();
+    let ids = tok.encode(&text, true).unwrap();
+    eprintln!(
+        "Gemma 3 vocabulary built in {built:?}; {} bytes encoded to {} ids in {:?}",
+        text.len(),
+        ids.len(),
+        start.elapsed()
+    );
+}
+
+#[test]
 fn unknown_pre_tokenizer_falls_back_to_gpt2_with_a_warning() {
     let Some(mut vocab) = smollm2_vocab() else {
         return;
@@ -300,7 +413,7 @@ fn bad_gguf_vocabularies_are_errors() {
     };
     let ok = Tokenizer::from_gguf_vocab(&tiny("gpt2", &["a b"])).unwrap();
     assert_eq!(ok.encode("ab", false).unwrap(), [2]);
-    assert!(Tokenizer::from_gguf_vocab(&tiny("llama", &["a b"])).is_err());
+    assert!(Tokenizer::from_gguf_vocab(&tiny("bert", &["a b"])).is_err());
     assert!(Tokenizer::from_gguf_vocab(&tiny("gpt2", &["ab"])).is_err());
     let mut bad_types = tiny("gpt2", &["a b"]);
     bad_types.token_types.pop();
@@ -321,20 +434,29 @@ fn missing_hf_dir_is_an_error() {
 #[test]
 fn token_bytes_spell_what_the_ids_decode_to() {
     for (name, tok) in tokenizers() {
-        let bytes = tok.token_bytes();
-        assert_eq!(bytes.len(), tok.vocab_size(), "{name}");
-        for case in &fixture(name).cases {
-            let spelled: Vec<u8> = (case.ids.iter())
-                .flat_map(|&id| bytes[id as usize].bytes.iter().copied())
-                .collect();
-            assert_eq!(
-                String::from_utf8_lossy(&spelled),
-                case.decoded,
-                "{name} {:?}",
-                case.text
-            );
-        }
-        let specials = bytes.iter().filter(|b| b.special).count();
-        assert!(specials > 0, "{name}: no special token flagged");
+        check_token_bytes(name, tok);
     }
+}
+
+#[test]
+fn gemma3_gguf_token_bytes() {
+    check_token_bytes("gemma3_gguf", gemma());
+}
+
+fn check_token_bytes(name: &str, tok: &Tokenizer) {
+    let bytes = tok.token_bytes();
+    assert_eq!(bytes.len(), tok.vocab_size(), "{name}");
+    for case in &fixture(name).cases {
+        let spelled: Vec<u8> = (case.ids.iter())
+            .flat_map(|&id| bytes[id as usize].bytes.iter().copied())
+            .collect();
+        assert_eq!(
+            String::from_utf8_lossy(&spelled),
+            case.decoded,
+            "{name} {:?}",
+            case.text
+        );
+    }
+    let specials = bytes.iter().filter(|b| b.special).count();
+    assert!(specials > 0, "{name}: no special token flagged");
 }

@@ -1,12 +1,18 @@
-//! Tokenizers: HF `tokenizer.json` directories and GGUF-embedded vocabularies behind one type,
-//! with the special-token facts the engine needs (BOS, the ids that end generation, the chat
-//! template). Streaming detokenization lives in `detokenize`.
+//! Tokenizers: HF `tokenizer.json` directories and GGUF-embedded vocabularies (byte-level BPE
+//! and SentencePiece) behind one type, with the special-token facts the engine needs (BOS, the
+//! ids that end generation, the chat template). Streaming detokenization lives in `detokenize`.
 
 mod detokenize;
 mod gguf_vocab;
 mod hf_config;
 mod pretokenize;
+mod special_split;
+mod spm;
+mod spm_merge;
+#[cfg(test)]
+mod spm_tests;
 mod token_bytes;
+mod token_types;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -27,6 +33,7 @@ const END_OF_GENERATION_TOKENS: &[&str] = &[
     "<end_of_turn>",
     "<|endoftext|>",
     "<|end_of_text|>",
+    "</s>",
     "<|return|>",
     "<EOT>",
     "<end_of_utterance>",
@@ -34,6 +41,8 @@ const END_OF_GENERATION_TOKENS: &[&str] = &[
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// SentencePiece GGUF vocabularies encode and decode here, not through `inner`.
+    spm: Option<spm::Spm>,
     bos_token_id: Option<u32>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -79,6 +88,7 @@ impl Tokenizer {
             warnings: Vec::new(),
             vocab_size: inner.get_vocab_size(true),
             inner,
+            spm: None,
         };
         tokenizer.finish_special_tokens(eos_token_id.into_iter().chain(config.generation_eos_ids));
         Ok(tokenizer)
@@ -89,8 +99,11 @@ impl Tokenizer {
         let built = gguf_vocab::build(v)?;
         let text_of = |id: Option<u32>| id.and_then(|id| v.tokens.get(id as usize).cloned());
         let mut tokenizer = Tokenizer {
-            vocab_size: built.inner.get_vocab_size(true),
+            // Ids are 0..n, added tokens included (counting through `tokenizers` would copy
+            // the whole map: a tenth of a second for Gemma's 262k tokens).
+            vocab_size: v.tokens.len(),
             inner: built.inner,
+            spm: built.spm,
             bos_token_id: v.bos_token_id,
             bos_token: text_of(v.bos_token_id),
             eos_token: text_of(v.eos_token_id),
@@ -131,16 +144,19 @@ impl Tokenizer {
     /// Token ids of `text`. Special-token strings in `text` always become their special ids;
     /// `add_special_tokens` adds what the model wants around a sequence (e.g. BOS).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode_fast(text, add_special_tokens)
-            .map_err(tok_err)?;
-        let ids = encoding.get_ids();
-        let mut out = Vec::with_capacity(ids.len() + 2);
+        let mut out = Vec::new();
         if add_special_tokens && self.add_bos {
             out.extend(self.bos_token_id);
         }
-        out.extend_from_slice(ids);
+        match &self.spm {
+            Some(spm) => spm.encode(text, &mut out)?,
+            None => {
+                let encoding = (self.inner)
+                    .encode_fast(text, add_special_tokens)
+                    .map_err(tok_err)?;
+                out.extend_from_slice(encoding.get_ids());
+            }
+        }
         if add_special_tokens && self.add_eos {
             out.extend(self.eos_token_id);
         }
@@ -150,7 +166,10 @@ impl Tokenizer {
     /// Text of `ids`. Invalid UTF-8 (a character cut between tokens) becomes U+FFFD; ids
     /// outside the vocabulary are skipped, as HF tokenizers does.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner.decode(ids, skip_special_tokens).map_err(tok_err)
+        match &self.spm {
+            Some(spm) => Ok(spm.decode(ids, skip_special_tokens)),
+            None => self.inner.decode(ids, skip_special_tokens).map_err(tok_err),
+        }
     }
 
     /// Number of ids, added tokens included.
