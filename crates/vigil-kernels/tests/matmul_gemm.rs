@@ -1,8 +1,9 @@
-//! The repacked-weight GEMM kernels for Q4_0 / Q4_1 (`quant::dot::avx2_gemm`) and Q8_0
-//! (`quant::dot::avx2_gemm_q8`), used from 4 activation rows on, against the scalar path, bit
-//! for bit: random shapes with ragged edges (weight rows not a multiple of 8, activation rows
-//! not a multiple of the tile or the chunk), 1 and 2 threads, and the largest integer block
-//! dots the i16 partial sums must hold.
+//! The repacked-weight GEMM kernels for Q4_0 / Q4_1 / Q8_0 that `matmul` picks on this CPU
+//! (`quant::dot::avx2_gemm` and `avx2_gemm_q8`, `vnni_gemm` or `avx512_gemm`; each level is
+//! also tested on purpose in `matmul_isa`), used from 4 activation rows on, against the scalar
+//! path, bit for bit: random shapes with ragged edges (weight rows not a multiple of 8,
+//! activation rows not a multiple of the tile or the chunk), 1 and 2 threads, and the largest
+//! integer block dots the i16 partial sums must hold.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

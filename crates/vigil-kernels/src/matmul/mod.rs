@@ -12,7 +12,7 @@
 
 mod acts;
 
-use crate::cpu;
+use crate::cpu::{self, Isa};
 use crate::pool::SyncPtr;
 use crate::pool::ThreadPool;
 use crate::quant::blocks::*;
@@ -24,9 +24,8 @@ use std::cell::RefCell;
 /// Weight rows are split between threads in multiples of this (the decode tile's width).
 const ROW_ALIGN: usize = 8;
 /// From this many activation rows, Q4_0 / Q4_1 / Q8_0 use the repacked-weight GEMM kernels
-/// (`avx2_gemm`, `avx2_gemm_q8`); below it (decode), the row tiles that stream the weights in
-/// place.
-#[cfg(target_arch = "x86_64")]
+/// (`avx2_gemm`, `avx2_gemm_q8`, `vnni_gemm`, `avx512_gemm`); below it (decode), the row
+/// tiles that stream the weights in place.
 const GEMM_MIN_ROWS: usize = 4;
 /// The same for the float formats (`avx2_float_gemm`): widening and packing each weight block
 /// pays off from about 8 rows (BF16 1024 × 1024, one thread: at 4 rows the row tiles took
@@ -40,22 +39,31 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Path {
-    Scalar,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-}
+/// The kernels a call runs: `Isa::Scalar` the portable ones; `Avx2` the AVX2 ones; `AvxVnni`
+/// and `Avx512` the VNNI ones for the quantized formats (prefill GEMM: `vnni_gemm`,
+/// `avx512_gemm`; row tiles and k-quants: the AVX2 code compiled with 256-bit VNNI, `vnni`)
+/// and the AVX2 ones for the float formats.
+type Path = Isa;
 
 /// `out[i * w.rows + j] = dot(x[i * w.cols..][..w.cols], row j of w)` for `i in 0..m`,
-/// on the pool's threads with the fastest kernels this CPU supports.
+/// on the pool's threads with the fastest kernels this CPU supports (and `cpu::features()`
+/// allows).
 pub fn matmul(pool: &ThreadPool, w: &QMatrix, x: &[f32], m: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if cpu::features().avx2_fma_f16c {
-        return matmul_on(Some(pool), Path::Avx2, w, x, m, out);
-    }
-    let _ = cpu::features;
-    matmul_on(Some(pool), Path::Scalar, w, x, m, out)
+    matmul_on(Some(pool), cpu::features().best(), w, x, m, out)
+}
+
+/// [`matmul`] on the kernels of level `isa`, whatever `VIGIL_MAX_ISA` says: for tests and
+/// benchmarks that compare the paths. Quantized weights give the same bits on every level.
+///
+/// # Panics
+/// If the CPU lacks `isa` (`cpu::detected()`).
+pub fn matmul_isa(pool: &ThreadPool, isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f32]) {
+    assert!(
+        cpu::detected().has(isa),
+        "matmul_isa: this CPU lacks {}",
+        isa.name()
+    );
+    matmul_on(Some(pool), isa, w, x, m, out)
 }
 
 /// The portable reference path: scalar kernels, one thread. Same results as [`matmul`]
@@ -107,17 +115,22 @@ fn matmul_on(
     });
 }
 
-/// Call `f(r0, r1)` on disjoint, `ROW_ALIGN`-aligned ranges of weight rows covering `0..rows`.
-fn split_rows(pool: Option<&ThreadPool>, rows: usize, f: impl Fn(usize, usize) + Sync) {
+/// Call `f(r0, r1)` on disjoint, `align`-aligned ranges of weight rows covering `0..rows`.
+fn split_rows(
+    pool: Option<&ThreadPool>,
+    rows: usize,
+    align: usize,
+    f: impl Fn(usize, usize) + Sync,
+) {
     let Some(pool) = pool else {
         return f(0, rows);
     };
     // A few parts per thread, so a thread the OS has descheduled loses only one part.
-    let units = rows.div_ceil(ROW_ALIGN);
+    let units = rows.div_ceil(align);
     let parts = (pool.num_threads() * 4).min(units).max(1);
     pool.run(parts, |t| {
-        let r0 = (t * units / parts * ROW_ALIGN).min(rows);
-        let r1 = ((t + 1) * units / parts * ROW_ALIGN).min(rows);
+        let r0 = (t * units / parts * align).min(rows);
+        let r1 = ((t + 1) * units / parts * align).min(rows);
         if r0 < r1 {
             f(r0, r1);
         }
@@ -147,73 +160,81 @@ fn run(
     let out = SyncPtr(out.as_mut_ptr());
     let how = match path {
         Path::Scalar => Quantizer::Portable,
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => Quantizer::Dispatched,
+        _ => Quantizer::Dispatched,
     };
     let side = path != Path::Scalar;
     let shape = (m, cols);
+    // The 16-row GEMM groups (`avx512_gemm`) want 16-row thread ranges, so that only the
+    // matrix's last group can be partial.
+    let align32 = if path == Path::Avx512 && m >= GEMM_MIN_ROWS {
+        16
+    } else {
+        ROW_ALIGN
+    };
     match w.dtype {
         DType::Q4_0 => {
             let acts = scratch.q8_0(pool, how, x, shape, side);
             let wb = blocks_of::<BlockQ4_0>(w);
-            split_rows(pool, rows, |r0, r1| {
+            split_rows(pool, rows, align32, |r0, r1| {
                 rows_32::<Q4_0Fmt>(path, wb, rows, &acts, r0, r1, out)
             });
         }
         DType::Q4_1 => {
             let acts = scratch.q8_1(pool, how, x, shape, side);
             let wb = blocks_of::<BlockQ4_1>(w);
-            split_rows(pool, rows, |r0, r1| {
+            split_rows(pool, rows, align32, |r0, r1| {
                 rows_32::<Q4_1Fmt>(path, wb, rows, &acts, r0, r1, out)
             });
         }
         DType::Q8_0 => {
             let acts = scratch.q8_0(pool, how, x, shape, side);
             let wb = blocks_of::<BlockQ8_0>(w);
-            split_rows(pool, rows, |r0, r1| {
+            split_rows(pool, rows, align32, |r0, r1| {
                 rows_32::<Q8_0Fmt>(path, wb, rows, &acts, r0, r1, out)
             });
         }
         DType::Q4K => {
             let acts = scratch.q8k(pool, how, x, shape);
             let wb = blocks_of::<BlockQ4K>(w);
-            split_rows(pool, rows, |r0, r1| {
+            split_rows(pool, rows, ROW_ALIGN, |r0, r1| {
                 rows_k::<Q4KFmt>(path, wb, rows, acts, m, r0, r1, out)
             });
         }
         DType::Q5K => {
             let acts = scratch.q8k(pool, how, x, shape);
             let wb = blocks_of::<BlockQ5K>(w);
-            split_rows(pool, rows, |r0, r1| {
+            split_rows(pool, rows, ROW_ALIGN, |r0, r1| {
                 rows_k::<Q5KFmt>(path, wb, rows, acts, m, r0, r1, out)
             });
         }
         DType::Q6K => {
             let acts = scratch.q8k(pool, how, x, shape);
             let wb = blocks_of::<BlockQ6K>(w);
-            split_rows(pool, rows, |r0, r1| {
+            split_rows(pool, rows, ROW_ALIGN, |r0, r1| {
                 rows_k::<Q6KFmt>(path, wb, rows, acts, m, r0, r1, out)
             });
         }
         DType::F32 | DType::F16 | DType::BF16 => {
             let wbytes = &w.data.bytes()[..rows * w.row_bytes()];
             let x = &x[..m * cols];
-            split_rows(pool, rows, |r0, r1| {
+            split_rows(pool, rows, ROW_ALIGN, |r0, r1| {
                 rows_float(path, w.dtype, wbytes, rows, cols, x, m, r0, r1, out)
             });
         }
     }
 }
 
-/// Ties a 32-value weight format to its scalar dot and its AVX2 tile format.
+/// Ties a 32-value weight format to its scalar dot and its SIMD kernels.
 trait Fmt32Path {
     type W: bytemuck::Pod;
     type A: bytemuck::Pod;
     fn scalar_dot(w: &[Self::W], a: &[Self::A]) -> f32;
     /// # Safety
-    /// See `avx2::matmul_rows`.
+    /// The CPU has `isa` (not `Scalar`); otherwise as `avx2::matmul_rows`.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn avx2_rows(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn simd_rows(
+        isa: Isa,
         w: &[Self::W],
         rows: usize,
         acts: &Acts32<Self::A>,
@@ -223,10 +244,11 @@ trait Fmt32Path {
     );
 }
 
-/// `$gemm`: the repacked-weight GEMM kernel used from `GEMM_MIN_ROWS` activation rows on;
-/// below that, the row tiles of `$avx`.
+/// `$fmt`: the format's marker type in `quant::dot::avx2`, which every kernel is generic
+/// over. From `GEMM_MIN_ROWS` activation rows on, the repacked-weight GEMM kernel of the
+/// level; below that, the AVX2 row tiles.
 macro_rules! fmt32 {
-    ($name:ident, $w:ty, $a:ty, $dot:path, $avx:ty, $gemm:expr) => {
+    ($name:ident, $w:ty, $a:ty, $dot:path, $fmt:ty) => {
         struct $name;
         impl Fmt32Path for $name {
             type W = $w;
@@ -235,7 +257,8 @@ macro_rules! fmt32 {
                 $dot(w, a)
             }
             #[cfg(target_arch = "x86_64")]
-            unsafe fn avx2_rows(
+            unsafe fn simd_rows(
+                isa: Isa,
                 w: &[$w],
                 rows: usize,
                 acts: &Acts32<$a>,
@@ -243,10 +266,20 @@ macro_rules! fmt32 {
                 r1: usize,
                 out: *mut f32,
             ) {
-                if acts.m >= GEMM_MIN_ROWS {
-                    $gemm(w, rows, acts, r0, r1, out)
-                } else {
-                    crate::quant::dot::avx2::matmul_rows::<$avx>(w, rows, acts, r0, r1, out)
+                use crate::quant::dot::{avx2, avx2_gemm, avx512_gemm, vnni, vnni_gemm};
+                if acts.m < GEMM_MIN_ROWS {
+                    return match isa {
+                        Isa::Avx512 => vnni::rows32_avx512vl::<$fmt>(w, rows, acts, r0, r1, out),
+                        Isa::AvxVnni => vnni::rows32_avx_vnni::<$fmt>(w, rows, acts, r0, r1, out),
+                        _ => avx2::matmul_rows::<$fmt>(w, rows, acts, r0, r1, out),
+                    };
+                }
+                match isa {
+                    Isa::Avx512 => avx512_gemm::matmul_rows::<$fmt>(w, rows, acts, r0, r1, out),
+                    Isa::AvxVnni => {
+                        vnni_gemm::matmul_rows_avx_vnni::<$fmt>(w, rows, acts, r0, r1, out)
+                    }
+                    _ => avx2_gemm::matmul_rows::<$fmt>(w, rows, acts, r0, r1, out),
                 }
             }
         }
@@ -258,24 +291,21 @@ fmt32!(
     BlockQ4_0,
     BlockQ8_0,
     scalar::dot_q4_0_q8_0,
-    crate::quant::dot::avx2::Q4_0,
-    crate::quant::dot::avx2_gemm::matmul_rows::<crate::quant::dot::avx2::Q4_0>
+    crate::quant::dot::avx2::Q4_0
 );
 fmt32!(
     Q4_1Fmt,
     BlockQ4_1,
     BlockQ8_1,
     scalar::dot_q4_1_q8_1,
-    crate::quant::dot::avx2::Q4_1,
-    crate::quant::dot::avx2_gemm::matmul_rows::<crate::quant::dot::avx2::Q4_1>
+    crate::quant::dot::avx2::Q4_1
 );
 fmt32!(
     Q8_0Fmt,
     BlockQ8_0,
     BlockQ8_0,
     scalar::dot_q8_0_q8_0,
-    crate::quant::dot::avx2::Q8_0,
-    crate::quant::dot::avx2_gemm::matmul_rows::<crate::quant::dot::avx2::Q8_0>
+    crate::quant::dot::avx2::Q8_0
 );
 
 fn rows_32<F: Fmt32Path>(
@@ -300,21 +330,24 @@ fn rows_32<F: Fmt32Path>(
             }
         }
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the AVX2 path is chosen only when the CPU has the features; shapes were
+        // SAFETY: a SIMD path is chosen only when the CPU has its features; shapes were
         // checked in `matmul_on`; this thread owns columns r0..r1.
-        Path::Avx2 => unsafe { F::avx2_rows(w, rows, acts, r0, r1, out.0) },
+        isa => unsafe { F::simd_rows(isa, w, rows, acts, r0, r1, out.0) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no SIMD kernels on this architecture"),
     }
 }
 
-/// Ties a k-quant weight format to its scalar dot and its AVX2 format.
+/// Ties a k-quant weight format to its scalar dot and its SIMD kernels.
 trait FmtKPath {
     type W: bytemuck::Pod;
     fn scalar_dot(w: &[Self::W], a: &[BlockQ8K]) -> f32;
     /// # Safety
-    /// See `avx2_k::matmul_rows`.
+    /// The CPU has `isa` (not `Scalar`); otherwise as `avx2_k::matmul_rows`.
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn avx2_rows(
+    unsafe fn simd_rows(
+        isa: Isa,
         w: &[Self::W],
         rows: usize,
         acts: &[BlockQ8K],
@@ -334,7 +367,8 @@ macro_rules! fmtk {
                 $dot(w, a)
             }
             #[cfg(target_arch = "x86_64")]
-            unsafe fn avx2_rows(
+            unsafe fn simd_rows(
+                isa: Isa,
                 w: &[$w],
                 rows: usize,
                 acts: &[BlockQ8K],
@@ -343,7 +377,12 @@ macro_rules! fmtk {
                 r1: usize,
                 out: *mut f32,
             ) {
-                crate::quant::dot::avx2_k::matmul_rows::<$avx>(w, rows, acts, m, r0, r1, out)
+                use crate::quant::dot::{avx2_k, vnni};
+                match isa {
+                    Isa::Avx512 => vnni::rows_k_avx512vl::<$avx>(w, rows, acts, m, r0, r1, out),
+                    Isa::AvxVnni => vnni::rows_k_avx_vnni::<$avx>(w, rows, acts, m, r0, r1, out),
+                    _ => avx2_k::matmul_rows::<$avx>(w, rows, acts, m, r0, r1, out),
+                }
             }
         }
     };
@@ -393,7 +432,9 @@ fn rows_k<F: FmtKPath>(
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `rows_32`.
-        Path::Avx2 => unsafe { F::avx2_rows(w, rows, acts, m, r0, r1, out.0) },
+        isa => unsafe { F::simd_rows(isa, w, rows, acts, m, r0, r1, out.0) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no SIMD kernels on this architecture"),
     }
 }
 
@@ -428,8 +469,8 @@ fn rows_float(
             }
         }
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `rows_32`.
-        Path::Avx2 => unsafe {
+        // SAFETY: as in `rows_32`; every SIMD level has AVX2.
+        _ => unsafe {
             use crate::quant::dot::avx2_float::{matmul_rows, BF16, F16, F32};
             use crate::quant::dot::avx2_float_gemm::matmul_rows as gemm;
             if m >= FLOAT_GEMM_MIN_ROWS {
@@ -445,5 +486,7 @@ fn rows_float(
                 _ => matmul_rows::<F32>(w, rows, cols, x, m, r0, r1, out.0),
             }
         },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no SIMD kernels on this architecture"),
     }
 }

@@ -2,10 +2,11 @@
 //!
 //! A tile computes `MR × NR = 8` (activation row, weight row) pairs at once: per block it
 //! unpacks each weight block once, takes each pair's exact integer dot as 8 i32 lanes
-//! (`maddubs` + `madd`), reduces the 8 pairs' lanes with one `hadd` tree into one vector whose
-//! lane `k` is pair `(i = k % MR, j = k / MR)`, and folds that into a per-pair f32 lane with
-//! the same operations as `super::acc_q8` / `super::acc_q4_1`. Every pair therefore gets the
-//! scalar path's result bit for bit, whatever tile shape computed it.
+//! (`IntDot::dot4`: `maddubs` + `madd` here, one `vpdpbusd` when `vnni` compiles the same
+//! code), reduces the 8 pairs' lanes with one `hadd` tree into one vector whose lane `k` is
+//! pair `(i = k % MR, j = k / MR)`, and folds that into a per-pair f32 lane with the same
+//! operations as `super::acc_q8` / `super::acc_q4_1`. Every pair therefore gets the scalar
+//! path's result bit for bit, whatever tile shape computed it.
 //!
 //! Shapes: 4 × 2 for prefill (each weight block serves 4 activation rows), 1 × 8 for decode
 //! and for the activation rows left over (`m % 4`).
@@ -37,11 +38,11 @@ pub trait Fmt32 {
     /// # Safety
     /// Requires AVX2; `a` points to a valid block.
     unsafe fn act_values(a: *const Self::A) -> __m256i;
-    /// 8 i32 lanes summing to the block's integer dot.
+    /// 8 i32 lanes summing to the block's integer dot, with `D`'s instructions.
     ///
     /// # Safety
-    /// Requires AVX2.
-    unsafe fn pair_dot(w: [__m256i; 2], y: __m256i) -> __m256i;
+    /// Requires AVX2 and `D`'s features.
+    unsafe fn pair_dot<D: IntDot>(w: [__m256i; 2], y: __m256i) -> __m256i;
     /// f16 bits of the weight block's scale and min.
     fn weight_d_m(w: &Self::W) -> (u16, u16);
 }
@@ -59,10 +60,34 @@ fn nibbles(qs: &[u8; 16]) -> __m256i {
     _mm256_and_si256(_mm256_set_m128i(hi, q), _mm256_set1_epi8(0x0F))
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn unsigned_dot(w: __m256i, y: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), _mm256_set1_epi16(1))
+/// The integer dot steps the row tiles (and `avx2_k`) are written against: AVX2 here, the
+/// 256-bit VNNI encodings in `vnni`. Every implementation gives the same exact integers.
+pub trait IntDot {
+    /// `Σ_4 u8(u) · i8(s)` per i32 lane. Callers keep each i16 pair sum `u·s + u·s` within
+    /// i16 (AVX2 saturates there; VNNI has no i16 stage).
+    ///
+    /// # Safety
+    /// AVX2 and the implementation's features (inlined into an entry point enabling them).
+    unsafe fn dot4(u: __m256i, s: __m256i) -> __m256i;
+    /// `acc + Σ_2 i16(a) · i16(b)` per i32 lane.
+    ///
+    /// # Safety
+    /// As `dot4`.
+    unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+}
+
+/// `maddubs` + `madd`, `madd` + `add`.
+pub enum Avx2 {}
+
+impl IntDot for Avx2 {
+    #[inline(always)]
+    unsafe fn dot4(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+    #[inline(always)]
+    unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+    }
 }
 
 impl Fmt32 for Q4_0 {
@@ -81,10 +106,9 @@ impl Fmt32 for Q4_0 {
     unsafe fn act_values(a: *const BlockQ8_0) -> __m256i {
         _mm256_loadu_si256((*a).qs.as_ptr().cast())
     }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pair_dot(w: [__m256i; 2], y: __m256i) -> __m256i {
-        unsigned_dot(w[0], y)
+    #[inline(always)]
+    unsafe fn pair_dot<D: IntDot>(w: [__m256i; 2], y: __m256i) -> __m256i {
+        D::dot4(w[0], y)
     }
     fn weight_d_m(w: &BlockQ4_0) -> (u16, u16) {
         (w.d.to_bits(), 0)
@@ -107,10 +131,9 @@ impl Fmt32 for Q4_1 {
     unsafe fn act_values(a: *const BlockQ8_1) -> __m256i {
         _mm256_loadu_si256((*a).qs.as_ptr().cast())
     }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pair_dot(w: [__m256i; 2], y: __m256i) -> __m256i {
-        unsigned_dot(w[0], y)
+    #[inline(always)]
+    unsafe fn pair_dot<D: IntDot>(w: [__m256i; 2], y: __m256i) -> __m256i {
+        D::dot4(w[0], y)
     }
     fn weight_d_m(w: &BlockQ4_1) -> (u16, u16) {
         (w.d.to_bits(), w.m.to_bits())
@@ -135,10 +158,9 @@ impl Fmt32 for Q8_0 {
     }
     /// `|w| · (y · sign w)`: `|w|` as unsigned keeps w = -128 exact; activations from our
     /// quantizer never reach -128, so `y · sign w` cannot overflow.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pair_dot(w: [__m256i; 2], y: __m256i) -> __m256i {
-        unsigned_dot(w[1], _mm256_sign_epi8(y, w[0]))
+    #[inline(always)]
+    unsafe fn pair_dot<D: IntDot>(w: [__m256i; 2], y: __m256i) -> __m256i {
+        D::dot4(w[1], _mm256_sign_epi8(y, w[0]))
     }
     fn weight_d_m(w: &BlockQ8_0) -> (u16, u16) {
         (w.d.to_bits(), 0)
@@ -239,10 +261,10 @@ unsafe fn weight_lanes<F: Fmt32, const MR: usize, const NR: usize>(
 /// The 8 pairs of one tile over all `nb` blocks; lane `k` is pair `(k % MR, k / MR)`.
 ///
 /// # Safety
-/// AVX2; every pointer addresses `nb` blocks; the activation side arrays cover rows
-/// `i0..i0 + MR`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<F: Fmt32, const MR: usize, const NR: usize>(
+/// AVX2 and `D`'s features (it is inlined into each entry point); every pointer addresses
+/// `nb` blocks; the activation side arrays cover rows `i0..i0 + MR`.
+#[inline(always)]
+unsafe fn tile<D: IntDot, F: Fmt32, const MR: usize, const NR: usize>(
     w: &[*const F::W; NR],
     a: &[*const F::A; MR],
     acts: &Acts32<F::A>,
@@ -269,7 +291,7 @@ unsafe fn tile<F: Fmt32, const MR: usize, const NR: usize>(
         let mut p = [_mm256_setzero_si256(); 8];
         for j in 0..NR {
             for i in 0..MR {
-                p[j * MR + i] = F::pair_dot(wv[j], y[i]);
+                p[j * MR + i] = F::pair_dot::<D>(wv[j], y[i]);
             }
         }
         let mut sumi = reduce8(&p);
@@ -307,6 +329,23 @@ pub unsafe fn matmul_rows<F: Fmt32>(
     r1: usize,
     out: *mut f32,
 ) {
+    rows_with::<Avx2, F>(w, rows, acts, r0, r1, out)
+}
+
+/// `matmul_rows` with `D`'s integer dot: the body every entry point (here and in `vnni`)
+/// compiles for its ISA.
+///
+/// # Safety
+/// As `matmul_rows`, plus `D`'s features.
+#[inline(always)]
+pub unsafe fn rows_with<D: IntDot, F: Fmt32>(
+    w: &[F::W],
+    rows: usize,
+    acts: &Acts32<F::A>,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
     let nb = acts.nb;
     let m = acts.m;
     let wrow = |j: usize| w.as_ptr().add(j.min(r1 - 1) * nb);
@@ -323,13 +362,13 @@ pub unsafe fn matmul_rows<F: Fmt32>(
                 let ap = [arow(i0), arow(i0 + 1), arow(i0 + 2), arow(i0 + 3)];
                 for jj in (j0..(j0 + 8).min(r1)).step_by(2) {
                     let wp = [wrow(jj), wrow(jj + 1)];
-                    let r = tile::<F, 4, 2>(&wp, &ap, acts, i0, nb, 0);
+                    let r = tile::<D, F, 4, 2>(&wp, &ap, acts, i0, nb, 0);
                     store(out, rows, &r, 4, i0, jj, r1);
                 }
             }
             let wp: [*const F::W; 8] = std::array::from_fn(|k| wrow(j0 + k));
             for i0 in full..c1 {
-                let r = tile::<F, 1, 8>(&wp, &[arow(i0)], acts, i0, nb, prefetch);
+                let r = tile::<D, F, 1, 8>(&wp, &[arow(i0)], acts, i0, nb, prefetch);
                 store(out, rows, &r, 1, i0, j0, r1);
             }
         }

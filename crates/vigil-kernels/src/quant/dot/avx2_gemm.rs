@@ -14,20 +14,18 @@
 //!
 //! A tile is `MR` activation rows × the group's 8 weight rows: each unpacked weight vector
 //! serves `MR` rows from registers, and the group's buffer serves every activation row of a
-//! chunk from L1. The loop over chunks, groups and tiles (`matmul_rows`) is shared with the
-//! Q8_0 kernel (`avx2_gemm_q8`) through the `Repacked` trait.
+//! chunk from L1. The loop over chunks, groups and tiles is `gemm_driver::drive`, shared with
+//! the other repacked kernels through the `Repacked` trait. The packing (`pack_block`) is
+//! shared too: `vnni_gemm` streams the same `Packed` blocks, `avx512_gemm` two groups' worth.
 
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
+use super::gemm_driver::{drive, with_buffer, Repacked};
 use super::Acts32;
 use crate::quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
-use std::cell::RefCell;
 
-/// Activation rows per pass over a thread's weight groups: their quantized blocks stay in L2
-/// while each group's packed buffer (192 bytes a block) serves them all from L1.
-const ROW_CHUNK: usize = 64;
 /// Activation rows per register tile.
 const MR: usize = 4;
 
@@ -35,50 +33,17 @@ const MR: usize = 4;
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
 pub struct Packed {
-    d: [f32; 8],
-    m: [f32; 8],
-    qs: [[u8; 32]; 4],
-}
-
-/// 32 aligned bytes: the unit of the per-thread buffer every kernel's packed blocks live in.
-#[derive(Clone, Copy)]
-#[repr(C, align(32))]
-struct Align32([u8; 32]);
-
-thread_local! {
-    static PACKED: RefCell<Vec<Align32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// A repacked-weight micro-kernel as `matmul_rows` drives it: how a group of 8 weight rows is
-/// packed, and how a tile of activation rows is multiplied against the packed group.
-pub trait Repacked {
-    type W;
-    type A;
-    /// One block of 8 weight rows: plain numbers (any bits valid), 32-byte aligned, a multiple
-    /// of 32 bytes.
-    type Packed: Copy;
-    /// Repack weight rows `j0..j0 + 8` (rows `>= r1` repeat row `r1 - 1`; their outputs are
-    /// dropped) into `out[..nb]`.
-    ///
-    /// # Safety
-    /// AVX2+F16C; `w` holds at least `r1 * nb` blocks; `j0 < r1`.
-    unsafe fn pack(w: &[Self::W], nb: usize, j0: usize, r1: usize, out: &mut [Self::Packed]);
-    /// The `R × 8` outputs of activation rows `i0..i0 + R` against one packed group, lane `k`
-    /// of result `i` being weight row `k` of the group.
-    ///
-    /// # Safety
-    /// AVX2; `pk` holds `nb` blocks; `acts` covers rows `i0..i0 + R`.
-    unsafe fn tile<const R: usize>(
-        pk: &[Self::Packed],
-        acts: &Acts32<Self::A>,
-        i0: usize,
-    ) -> [__m256; R];
+    pub(super) d: [f32; 8],
+    pub(super) m: [f32; 8],
+    pub(super) qs: [[u8; 32]; 4],
 }
 
 impl<F: Nibble32> Repacked for F {
     type W = F::W;
     type A = F::A;
     type Packed = Packed;
+    type Lanes = __m256;
+    const NR: usize = 8;
     #[inline]
     unsafe fn pack(w: &[F::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
         pack::<F>(w, nb, j0, r1, out)
@@ -86,6 +51,10 @@ impl<F: Nibble32> Repacked for F {
     #[inline]
     unsafe fn tile<const R: usize>(pk: &[Packed], acts: &Acts32<F::A>, i0: usize) -> [__m256; R] {
         tile::<F, R>(pk, acts, i0)
+    }
+    #[inline]
+    unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
+        store8(dst, v, n)
     }
 }
 
@@ -137,49 +106,73 @@ impl Nibble32 for super::avx2::Q4_1 {
     }
 }
 
+/// Weight rows `j0..j0 + 8`, rows `>= r1` repeating row `r1 - 1`.
+#[inline(always)]
+pub(super) fn group_rows<W>(w: &[W], nb: usize, j0: usize, r1: usize) -> [&[W]; 8] {
+    std::array::from_fn(|k| {
+        let j = (j0 + k).min(r1 - 1);
+        &w[j * nb..(j + 1) * nb]
+    })
+}
+
+/// Block `b` of 8 weight rows in `Packed` form: the 4 interleaved quant vectors, the scales
+/// and the mins (as f32; f16 → f32 is exact, so converting here changes no result).
+///
+/// # Safety
+/// AVX2+F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pack_block<F: Nibble32>(
+    rows: &[&[F::W]; 8],
+    b: usize,
+) -> ([__m256i; 4], __m256, __m256) {
+    let q = |k: usize| _mm_loadu_si128(F::qs(&rows[k][b]).as_ptr().cast());
+    // Row k in the low half, row k + 4 in the high half; then a 4 × 4 dword transpose per
+    // half gives vector h = dword h of rows 0..8.
+    let y: [__m256i; 4] = std::array::from_fn(|k| _mm256_set_m128i(q(k + 4), q(k)));
+    let t0 = _mm256_unpacklo_epi32(y[0], y[1]);
+    let t1 = _mm256_unpackhi_epi32(y[0], y[1]);
+    let t2 = _mm256_unpacklo_epi32(y[2], y[3]);
+    let t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+    let v = [
+        _mm256_unpacklo_epi64(t0, t2),
+        _mm256_unpackhi_epi64(t0, t2),
+        _mm256_unpacklo_epi64(t1, t3),
+        _mm256_unpackhi_epi64(t1, t3),
+    ];
+    let mut d = [0u16; 8];
+    let mut m = [0u16; 8];
+    for k in 0..8 {
+        (d[k], m[k]) = F::d_m(&rows[k][b]);
+    }
+    (
+        v,
+        _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast())),
+        _mm256_cvtph_ps(_mm_loadu_si128(m.as_ptr().cast())),
+    )
+}
+
 /// Repack weight rows `j0..j0 + 8` (rows `>= r1` repeat row `r1 - 1`; their outputs are
 /// dropped) into `out[..nb]`.
 ///
 /// # Safety
 /// AVX2+F16C; `w` holds at least `r1 * nb` blocks; `j0 < r1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack<F: Nibble32>(w: &[F::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
-    let rows: [&[F::W]; 8] = std::array::from_fn(|k| {
-        let j = (j0 + k).min(r1 - 1);
-        &w[j * nb..(j + 1) * nb]
-    });
+pub(super) unsafe fn pack<F: Nibble32>(
+    w: &[F::W],
+    nb: usize,
+    j0: usize,
+    r1: usize,
+    out: &mut [Packed],
+) {
+    let rows = group_rows(w, nb, j0, r1);
     for (b, p) in out[..nb].iter_mut().enumerate() {
-        let q = |k: usize| _mm_loadu_si128(F::qs(&rows[k][b]).as_ptr().cast());
-        // Row k in the low half, row k + 4 in the high half; then a 4 × 4 dword transpose
-        // per half gives vector h = dword h of rows 0..8.
-        let y: [__m256i; 4] = std::array::from_fn(|k| _mm256_set_m128i(q(k + 4), q(k)));
-        let t0 = _mm256_unpacklo_epi32(y[0], y[1]);
-        let t1 = _mm256_unpackhi_epi32(y[0], y[1]);
-        let t2 = _mm256_unpacklo_epi32(y[2], y[3]);
-        let t3 = _mm256_unpackhi_epi32(y[2], y[3]);
-        let v = [
-            _mm256_unpacklo_epi64(t0, t2),
-            _mm256_unpackhi_epi64(t0, t2),
-            _mm256_unpacklo_epi64(t1, t3),
-            _mm256_unpackhi_epi64(t1, t3),
-        ];
+        let (v, d, m) = pack_block::<F>(&rows, b);
         for h in 0..4 {
             _mm256_store_si256(p.qs[h].as_mut_ptr().cast(), v[h]);
         }
-        let mut d = [0u16; 8];
-        let mut m = [0u16; 8];
-        for k in 0..8 {
-            (d[k], m[k]) = F::d_m(&rows[k][b]);
-        }
-        // f16 → f32 is exact, so converting here instead of per use changes no result.
-        _mm256_store_ps(
-            p.d.as_mut_ptr(),
-            _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast())),
-        );
-        _mm256_store_ps(
-            p.m.as_mut_ptr(),
-            _mm256_cvtph_ps(_mm_loadu_si128(m.as_ptr().cast())),
-        );
+        _mm256_store_ps(p.d.as_mut_ptr(), d);
+        _mm256_store_ps(p.m.as_mut_ptr(), m);
     }
 }
 
@@ -218,50 +211,71 @@ unsafe fn tile<F: Nibble32, const R: usize>(
                 s16[i] = _mm256_add_epi16(s16[i], s);
             }
         }
-        let dx = _mm256_load_ps((*p).d.as_ptr());
-        let side = b * m + i0;
         for i in 0..R {
+            let side = b * m + i0 + i;
             let mut sumi = _mm256_madd_epi16(s16[i], ones);
             if F::OFFSET8 {
-                let ysum = _mm256_set1_epi32(*acts.ysum.get_unchecked(side + i));
+                let ysum = _mm256_set1_epi32(*acts.ysum.get_unchecked(side));
                 sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<3>(ysum));
             }
-            let dy = _mm256_set1_ps(*acts.d.get_unchecked(side + i));
-            let mut t = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dx, dy));
-            if F::HAS_MIN {
-                let mx = _mm256_load_ps((*p).m.as_ptr());
-                let sy = _mm256_set1_ps(*acts.s.get_unchecked(side + i));
-                t = _mm256_add_ps(t, _mm256_mul_ps(mx, sy));
-            }
-            acc[i] = _mm256_add_ps(acc[i], t);
+            acc[i] = fold::<F>(acc[i], sumi, &*p, acts, side);
         }
     }
     acc
 }
 
-/// Store tile row `i`'s 8 lanes at `out[i * rows + j0..]`, dropping weight rows `>= r1`.
+/// `acc + t` per lane, `t` being one block's term of `super::acc_q8` (Q4_0) or
+/// `super::acc_q4_1` (Q4_1) for the exact integer dots `sumi` (lane `k`: weight row `k`; for
+/// Q4_0 with the `-8 · Σy` offset applied) of the activation row whose side-array index is
+/// `s`.
+///
+/// # Safety
+/// AVX2 (it is inlined into each caller's ISA); `s` indexes the filled side arrays.
+#[inline(always)]
+pub(super) unsafe fn fold<F: Nibble32>(
+    acc: __m256,
+    sumi: __m256i,
+    p: &Packed,
+    acts: &Acts32<F::A>,
+    s: usize,
+) -> __m256 {
+    let dx = _mm256_load_ps(p.d.as_ptr());
+    let dy = _mm256_set1_ps(*acts.d.get_unchecked(s));
+    let mut t = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dx, dy));
+    if F::HAS_MIN {
+        let mx = _mm256_load_ps(p.m.as_ptr());
+        let sy = _mm256_set1_ps(*acts.s.get_unchecked(s));
+        t = _mm256_add_ps(t, _mm256_mul_ps(mx, sy));
+    }
+    _mm256_add_ps(acc, t)
+}
+
+/// Write the first `n <= 8` lanes of `v` to `dst[..n]`.
+///
+/// # Safety
+/// AVX; `dst` addresses `n` floats.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store(out: *mut f32, rows: usize, v: __m256, i: usize, j0: usize, r1: usize) {
-    let dst = out.add(i * rows + j0);
-    if j0 + 8 <= r1 {
+pub(super) unsafe fn store8(dst: *mut f32, v: __m256, n: usize) {
+    if n == 8 {
         _mm256_storeu_ps(dst, v);
     } else {
         let mut r = [0f32; 8];
         _mm256_storeu_ps(r.as_mut_ptr(), v);
-        for (k, &x) in r.iter().enumerate().take(r1 - j0) {
+        for (k, &x) in r.iter().enumerate().take(n) {
             *dst.add(k) = x;
         }
     }
 }
 
-/// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`.
+/// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`, for any
+/// AVX2 `Repacked` kernel (Q4_0 and Q4_1 here, Q8_0 in `avx2_gemm_q8`).
 ///
 /// # Safety
 /// AVX2+FMA+F16C available; `w` holds `rows * nb` blocks; `out` addresses `m * rows` floats
 /// and no other thread writes columns `r0..r1`; the activation side arrays are filled.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn matmul_rows<K: Repacked>(
+pub unsafe fn matmul_rows<K: Repacked<Lanes = __m256>>(
     w: &[K::W],
     rows: usize,
     acts: &Acts32<K::A>,
@@ -269,42 +283,5 @@ pub unsafe fn matmul_rows<K: Repacked>(
     r1: usize,
     out: *mut f32,
 ) {
-    const {
-        assert!(std::mem::size_of::<K::Packed>().is_multiple_of(32));
-        assert!(std::mem::align_of::<K::Packed>() <= 32);
-    }
-    let (m, nb) = (acts.m, acts.nb);
-    let units = nb * std::mem::size_of::<K::Packed>() / 32;
-    PACKED.with(|cell| {
-        let mut fresh = Vec::new();
-        let mut guard = cell.try_borrow_mut();
-        let units_buf = match guard {
-            Ok(ref mut v) => &mut **v,
-            // Re-entered on this thread (not expected): use a private buffer.
-            Err(_) => &mut fresh,
-        };
-        if units_buf.len() < units {
-            units_buf.resize(units, Align32([0; 32]));
-        }
-        // SAFETY: the buffer is 32-byte aligned and holds `nb` packed blocks' bytes, and any
-        // bits are a valid `K::Packed` (plain numbers).
-        let buf = std::slice::from_raw_parts_mut(units_buf.as_mut_ptr().cast::<K::Packed>(), nb);
-        for c0 in (0..m).step_by(ROW_CHUNK) {
-            let c1 = (c0 + ROW_CHUNK).min(m);
-            let full = c0 + (c1 - c0) / MR * MR;
-            for j0 in (r0..r1).step_by(8) {
-                K::pack(w, nb, j0, r1, buf);
-                for i0 in (c0..full).step_by(MR) {
-                    let acc = K::tile::<MR>(buf, acts, i0);
-                    for i in 0..MR {
-                        store(out, rows, acc[i], i0 + i, j0, r1);
-                    }
-                }
-                for i0 in full..c1 {
-                    let [acc] = K::tile::<1>(buf, acts, i0);
-                    store(out, rows, acc, i0, j0, r1);
-                }
-            }
-        }
-    });
+    with_buffer(acts.nb, |pk| drive::<K, MR>(pk, w, rows, acts, r0, r1, out))
 }

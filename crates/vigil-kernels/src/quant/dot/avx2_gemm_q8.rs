@@ -13,13 +13,15 @@
 //! exact integer block dot in i32 lane `k` with no horizontal reduction. The per-lane float
 //! fold is `super::acc_q8` in block order, so every output equals the scalar path bit for bit.
 //!
-//! Tiles, chunks and the per-thread buffer are `avx2_gemm::matmul_rows`'s, which drives this
-//! kernel through `Repacked`.
+//! Tiles, chunks and the per-thread buffer are `gemm_driver::drive`'s, which runs this kernel
+//! through `Repacked` (entry point: `avx2_gemm::matmul_rows`). `vnni_gemm` streams the same
+//! `Packed` blocks; `avx512_gemm` packs two groups' worth with `pack_block`.
 
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_gemm::Repacked;
+use super::avx2_gemm::{group_rows, store8};
+use super::gemm_driver::Repacked;
 use super::Acts32;
 use crate::quant::blocks::BlockQ8_0;
 use std::arch::x86_64::*;
@@ -28,14 +30,16 @@ use std::arch::x86_64::*;
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
 pub struct Packed {
-    d: [f32; 8],
-    qs: [[i8; 32]; 8],
+    pub(super) d: [f32; 8],
+    pub(super) qs: [[i8; 32]; 8],
 }
 
 impl Repacked for super::avx2::Q8_0 {
     type W = BlockQ8_0;
     type A = BlockQ8_0;
     type Packed = Packed;
+    type Lanes = __m256;
+    const NR: usize = 8;
     #[inline]
     unsafe fn pack(w: &[BlockQ8_0], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
         pack(w, nb, j0, r1, out)
@@ -48,6 +52,51 @@ impl Repacked for super::avx2::Q8_0 {
     ) -> [__m256; R] {
         tile::<R>(pk, acts, i0)
     }
+    #[inline]
+    unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
+        store8(dst, v, n)
+    }
+}
+
+/// Block `b` of 8 weight rows in `Packed` form: the 8 interleaved quant vectors and the
+/// scales (as f32; f16 → f32 is exact, so converting here changes no result).
+///
+/// # Safety
+/// AVX2+F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pack_block(rows: &[&[BlockQ8_0]; 8], b: usize) -> ([__m256i; 8], __m256) {
+    // An 8 × 8 dword transpose: r[k] holds row k's dwords, v[h] dword h of every row.
+    let r: [__m256i; 8] =
+        std::array::from_fn(|k| _mm256_loadu_si256(rows[k][b].qs.as_ptr().cast()));
+    let t: [__m256i; 8] = std::array::from_fn(|k| {
+        let (x, y) = (r[k / 2 * 2], r[k / 2 * 2 + 1]);
+        if k % 2 == 0 {
+            _mm256_unpacklo_epi32(x, y)
+        } else {
+            _mm256_unpackhi_epi32(x, y)
+        }
+    });
+    // u[4g + c]: dwords c and c + 4 of rows 4g..4g + 4 (c = 0..4).
+    let u: [__m256i; 8] = std::array::from_fn(|k| {
+        let (g, c) = (k / 4, k % 4);
+        let (x, y) = (t[4 * g + c / 2], t[4 * g + 2 + c / 2]);
+        if c % 2 == 0 {
+            _mm256_unpacklo_epi64(x, y)
+        } else {
+            _mm256_unpackhi_epi64(x, y)
+        }
+    });
+    let v: [__m256i; 8] = std::array::from_fn(|h| {
+        let c = h % 4;
+        if h < 4 {
+            _mm256_permute2x128_si256::<0x20>(u[c], u[4 + c])
+        } else {
+            _mm256_permute2x128_si256::<0x31>(u[c], u[4 + c])
+        }
+    });
+    let d: [u16; 8] = std::array::from_fn(|k| rows[k][b].d.to_bits());
+    (v, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast())))
 }
 
 /// Repack weight rows `j0..j0 + 8` (rows `>= r1` repeat row `r1 - 1`; their outputs are
@@ -56,45 +105,14 @@ impl Repacked for super::avx2::Q8_0 {
 /// # Safety
 /// AVX2+F16C; `w` holds at least `r1 * nb` blocks; `j0 < r1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack(w: &[BlockQ8_0], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
-    let rows: [&[BlockQ8_0]; 8] = std::array::from_fn(|k| {
-        let j = (j0 + k).min(r1 - 1);
-        &w[j * nb..(j + 1) * nb]
-    });
+pub(super) unsafe fn pack(w: &[BlockQ8_0], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
+    let rows = group_rows(w, nb, j0, r1);
     for (b, p) in out[..nb].iter_mut().enumerate() {
-        // An 8 × 8 dword transpose: r[k] holds row k's dwords, v[h] dword h of every row.
-        let r: [__m256i; 8] =
-            std::array::from_fn(|k| _mm256_loadu_si256(rows[k][b].qs.as_ptr().cast()));
-        let t: [__m256i; 8] = std::array::from_fn(|k| {
-            let (x, y) = (r[k / 2 * 2], r[k / 2 * 2 + 1]);
-            if k % 2 == 0 {
-                _mm256_unpacklo_epi32(x, y)
-            } else {
-                _mm256_unpackhi_epi32(x, y)
-            }
-        });
-        // u[4g + c]: dwords c and c + 4 of rows 4g..4g + 4 (c = 0..4).
-        let u: [__m256i; 8] = std::array::from_fn(|k| {
-            let (g, c) = (k / 4, k % 4);
-            let (x, y) = (t[4 * g + c / 2], t[4 * g + 2 + c / 2]);
-            if c % 2 == 0 {
-                _mm256_unpacklo_epi64(x, y)
-            } else {
-                _mm256_unpackhi_epi64(x, y)
-            }
-        });
-        for c in 0..4 {
-            let v_lo = _mm256_permute2x128_si256::<0x20>(u[c], u[4 + c]);
-            let v_hi = _mm256_permute2x128_si256::<0x31>(u[c], u[4 + c]);
-            _mm256_store_si256(p.qs[c].as_mut_ptr().cast(), v_lo);
-            _mm256_store_si256(p.qs[c + 4].as_mut_ptr().cast(), v_hi);
+        let (v, d) = pack_block(&rows, b);
+        for h in 0..8 {
+            _mm256_store_si256(p.qs[h].as_mut_ptr().cast(), v[h]);
         }
-        let d: [u16; 8] = std::array::from_fn(|k| rows[k][b].d.to_bits());
-        // f16 → f32 is exact, so converting here instead of per use changes no result.
-        _mm256_store_ps(
-            p.d.as_mut_ptr(),
-            _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast())),
-        );
+        _mm256_store_ps(p.d.as_mut_ptr(), d);
     }
 }
 

@@ -3,12 +3,14 @@
 //! Each weight super-block is unpacked once into 8 vectors of 32 unsigned quants in value
 //! order plus one i16 scale vector per vector, then dotted with up to `MR` activation rows:
 //! `maddubs` (quant × activation, pairs) → `madd` with the scales → i32 lanes → exact
-//! horizontal sum. The float fold is `super::acc_k` / `super::acc_q6k`, as in the scalar path,
-//! so results are bit-identical to it.
+//! horizontal sum. The kernels are generic over `IntDot`, so `vnni` compiles the same code
+//! with `vpdpwssd` in place of `madd` + `add`. The float fold is `super::acc_k` /
+//! `super::acc_q6k`, as in the scalar path, so results are bit-identical to it.
 
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
+use super::avx2::{Avx2, IntDot};
 use super::{acc_k, acc_q6k, k_min_sum, scales_mins_k4};
 use crate::quant::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 use std::arch::x86_64::*;
@@ -22,8 +24,8 @@ pub struct Unpacked {
     dx: f32,
     dmin: f32,
     mins: [u8; 8],
-    /// Q6_K: the i8 scales, for the `-32 · Σ sc · bsum` correction.
-    sc6: [i8; 16],
+    /// Q6_K: the 16 scales as i16, for the `-32 · Σ sc · bsum` correction.
+    sc6: __m256i,
 }
 
 /// One k-quant weight format.
@@ -33,7 +35,10 @@ pub trait FmtK {
     /// AVX2+F16C.
     unsafe fn unpack(w: &Self::W) -> Unpacked;
     /// Fold one super-block's integer dot into `sum`.
-    fn fold(sum: f32, u: &Unpacked, sumi: i32, y: &BlockQ8K) -> f32;
+    ///
+    /// # Safety
+    /// AVX2 (inlined into each entry point).
+    unsafe fn fold(sum: f32, u: &Unpacked, sumi: i32, y: &BlockQ8K) -> f32;
 }
 
 pub struct Q4K;
@@ -80,10 +85,11 @@ impl FmtK for Q4K {
             dx: f16_to_f32(w.d.to_bits()),
             dmin: f16_to_f32(w.dmin.to_bits()),
             mins,
-            sc6: [0; 16],
+            sc6: _mm256_setzero_si256(),
         }
     }
-    fn fold(sum: f32, u: &Unpacked, sumi: i32, y: &BlockQ8K) -> f32 {
+    #[inline(always)]
+    unsafe fn fold(sum: f32, u: &Unpacked, sumi: i32, y: &BlockQ8K) -> f32 {
         fold_k4(sum, u, sumi, y)
     }
 }
@@ -116,10 +122,11 @@ impl FmtK for Q5K {
             dx: f16_to_f32(w.d.to_bits()),
             dmin: f16_to_f32(w.dmin.to_bits()),
             mins,
-            sc6: [0; 16],
+            sc6: _mm256_setzero_si256(),
         }
     }
-    fn fold(sum: f32, u: &Unpacked, sumi: i32, y: &BlockQ8K) -> f32 {
+    #[inline(always)]
+    unsafe fn fold(sum: f32, u: &Unpacked, sumi: i32, y: &BlockQ8K) -> f32 {
         fold_k4(sum, u, sumi, y)
     }
 }
@@ -157,12 +164,17 @@ impl FmtK for Q6K {
             dx: f16_to_f32(w.d.to_bits()),
             dmin: 0.0,
             mins: [0; 8],
-            sc6: w.scales,
+            sc6: _mm256_cvtepi8_epi16(_mm_loadu_si128(w.scales.as_ptr().cast())),
         }
     }
-    fn fold(sum: f32, u: &Unpacked, sumi: i32, y: &BlockQ8K) -> f32 {
-        // The quants were taken unsigned (0..63); remove the +32 offset exactly.
-        let offset: i32 = (0..16).map(|s| u.sc6[s] as i32 * y.bsums[s] as i32).sum();
+    #[inline(always)]
+    unsafe fn fold(sum: f32, u: &Unpacked, sumi: i32, y: &BlockQ8K) -> f32 {
+        // The quants were taken unsigned (0..63); remove the +32 offset exactly. Written on
+        // 256 bits: left to the compiler, an AVX-512 entry point vectorizes this sum on zmm,
+        // and one 512-bit instruction in the loop costs the 256-bit ones a port (Q6_K prefill
+        // ran 27% slower).
+        let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+        let offset = hsum_i32(_mm256_madd_epi16(u.sc6, bsums));
         acc_q6k(sum, sumi - 32 * offset, u.dx, y.d)
     }
 }
@@ -176,28 +188,32 @@ fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// The scale-weighted integer dot of an unpacked super-block with one activation block.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block_dot(u: &Unpacked, y: &BlockQ8K) -> i32 {
+/// The scale-weighted integer dot of an unpacked super-block with one activation block. The
+/// quant × activation pair sums stay within i16 (at most 2 · 63 · 127), so `maddubs` is exact;
+/// `D::madd_acc` scales and accumulates them (`madd` + `add`, or one `vpdpwssd`).
+#[inline(always)]
+unsafe fn block_dot<D: IntDot>(u: &Unpacked, y: &BlockQ8K) -> i32 {
     let mut acc = _mm256_setzero_si256();
     for c in 0..8 {
         let yv = _mm256_loadu_si256(y.qs.as_ptr().add(32 * c).cast());
         let p = _mm256_maddubs_epi16(u.q[c], yv);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, u.scales[c]));
+        acc = D::madd_acc(acc, p, u.scales[c]);
     }
     hsum_i32(acc)
 }
 
 /// `MR` activation rows × one weight row.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<F: FmtK, const MR: usize>(w: &[F::W], a: &[&[BlockQ8K]; MR]) -> [f32; MR] {
+#[inline(always)]
+unsafe fn tile<D: IntDot, F: FmtK, const MR: usize>(
+    w: &[F::W],
+    a: &[&[BlockQ8K]; MR],
+) -> [f32; MR] {
     let mut sum = [0f32; MR];
     for (b, wb) in w.iter().enumerate() {
         let u = F::unpack(wb);
         for i in 0..MR {
             let y = &a[i][b];
-            sum[i] = F::fold(sum[i], &u, block_dot(&u, y), y);
+            sum[i] = F::fold(sum[i], &u, block_dot::<D>(&u, y), y);
         }
     }
     sum
@@ -218,6 +234,24 @@ pub unsafe fn matmul_rows<F: FmtK>(
     r1: usize,
     out: *mut f32,
 ) {
+    rows_with::<Avx2, F>(w, rows, acts, m, r0, r1, out)
+}
+
+/// `matmul_rows` with `D`'s integer dot: the body every entry point (here and in `vnni`)
+/// compiles for its ISA.
+///
+/// # Safety
+/// As `matmul_rows`, plus `D`'s features.
+#[inline(always)]
+pub unsafe fn rows_with<D: IntDot, F: FmtK>(
+    w: &[F::W],
+    rows: usize,
+    acts: &[BlockQ8K],
+    m: usize,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
     let nb = acts.len() / m;
     debug_assert_eq!(nb * QK_K * m, acts.len() * QK_K);
     let wrow = |j: usize| &w[j * nb..(j + 1) * nb];
@@ -229,13 +263,13 @@ pub unsafe fn matmul_rows<F: FmtK>(
         for j in r0..r1 {
             for i0 in (c0..full).step_by(4) {
                 let ap = [arow(i0), arow(i0 + 1), arow(i0 + 2), arow(i0 + 3)];
-                let r = tile::<F, 4>(wrow(j), &ap);
+                let r = tile::<D, F, 4>(wrow(j), &ap);
                 for (i, v) in r.into_iter().enumerate() {
                     *out.add((i0 + i) * rows + j) = v;
                 }
             }
             for i in full..c1 {
-                *out.add(i * rows + j) = tile::<F, 1>(wrow(j), &[arow(i)])[0];
+                *out.add(i * rows + j) = tile::<D, F, 1>(wrow(j), &[arow(i)])[0];
             }
         }
     }

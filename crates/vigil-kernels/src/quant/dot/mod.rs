@@ -5,9 +5,15 @@
 //! super-blocks) compute, per block, an exact integer dot product of the weight and activation
 //! quants, then fold it into an f32 sum in block order with the formulas below
 //! (`acc_*`). Integer arithmetic is exact and the float operations are the same IEEE operations
-//! in the same order on every path, so the scalar path (`scalar`) and the AVX2 kernels (`avx2`,
-//! `avx2_gemm`, `avx2_gemm_q8`, `avx2_k`) give bit-identical results, and a result does not
-//! depend on which tile shape or thread computed it.
+//! in the same order on every path, so the scalar path (`scalar`), the AVX2 kernels (`avx2`,
+//! `avx2_gemm`, `avx2_gemm_q8`, `avx2_k`) and the VNNI kernels (`vnni`: the AVX2 row tiles
+//! and k-quant kernels compiled with 256-bit `vpdpbusd` / `vpdpwssd`; `vnni_gemm`: the
+//! AVX-VNNI GEMM; `avx512_gemm`: the 16-row AVX-512 VNNI GEMM) give bit-identical results,
+//! and a result does not depend on which tile shape, ISA or thread computed it. The integer
+//! steps differ (`maddubs` + `madd` through i16, `vpdpbusd` straight to i32, offsets such as
+//! Q4_0's `-8 · Σy` applied first or last) but each kernel keeps every intermediate in range,
+//! so each gives the same exact block sums. The repacked GEMM kernels share their loop
+//! (`gemm_driver`).
 //!
 //! Float formats (F32, F16, BF16) are reduced differently per path: the scalar path sums in
 //! order; the AVX2 path keeps 8 FMA lanes over chunks of 8, sums the lanes with a fixed tree
@@ -28,6 +34,14 @@ pub mod avx2_gemm;
 pub mod avx2_gemm_q8;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_k;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512_gemm;
+#[cfg(target_arch = "x86_64")]
+pub mod gemm_driver;
+#[cfg(target_arch = "x86_64")]
+pub mod vnni;
+#[cfg(target_arch = "x86_64")]
+pub mod vnni_gemm;
 
 /// Q4_0 / Q8_0 weights × Q8_0 activations: `sum += sumi * (dx * dy)`.
 #[inline(always)]
