@@ -25,6 +25,10 @@ TYPES = {
     "q5_k": (T.Q5_K, 256, 176, [0, 2], 160),
     "q6_k": (T.Q6_K, 256, 210, [208], 160),
 }
+# Types added later, each from a generator of its own so the fixtures above stay as they were.
+LATER_TYPES = {
+    "q5_0": (T.Q5_0, 32, 22, [0], 256, 20261202),
+}
 
 
 def finite_f16_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -39,14 +43,24 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(20240601)
     for name, (qtype, _bs, ts, scale_offsets, n_blocks) in TYPES.items():
-        blocks = rng.integers(0, 256, size=(n_blocks, ts), dtype=np.uint16).astype(np.uint8)
-        for off in scale_offsets:
-            blocks[:, off:off + 2] = finite_f16_bytes(rng, n_blocks)
-        expected = dequantize(blocks.reshape(-1), qtype).astype("<f4")
-        assert np.isfinite(expected).all(), name
-        (OUT / f"random_{name}.in.bin").write_bytes(blocks.tobytes())
-        (OUT / f"random_{name}.out.bin").write_bytes(expected.tobytes())
+        write_random_blocks(rng, name, qtype, ts, scale_offsets, n_blocks)
+    # (the float formats below draw from the same generator, after the block types)
+    for name, (qtype, _bs, ts, scale_offsets, n_blocks, seed) in LATER_TYPES.items():
+        write_random_blocks(np.random.default_rng(seed), name, qtype, ts, scale_offsets, n_blocks)
+    write_float_formats(rng)
 
+
+def write_random_blocks(rng, name, qtype, ts, scale_offsets, n_blocks) -> None:
+    blocks = rng.integers(0, 256, size=(n_blocks, ts), dtype=np.uint16).astype(np.uint8)
+    for off in scale_offsets:
+        blocks[:, off:off + 2] = finite_f16_bytes(rng, n_blocks)
+    expected = dequantize(blocks.reshape(-1), qtype).astype("<f4")
+    assert np.isfinite(expected).all(), name
+    (OUT / f"random_{name}.in.bin").write_bytes(blocks.tobytes())
+    (OUT / f"random_{name}.out.bin").write_bytes(expected.tobytes())
+
+
+def write_float_formats(rng) -> None:
     # Plain float formats: random non-NaN f16 / bf16 bit patterns (all binades, subnormals,
     # zeros, infinities), and random f32 words.
     all16 = rng.integers(0, 1 << 16, size=8192, dtype=np.uint32).astype(np.uint16)

@@ -9,6 +9,9 @@ pub enum DType {
     Q8_0,
     Q4_0,
     Q4_1,
+    /// Stored only: loaders widen it to Q8_0 (lossless, `quant::widen`), and the matmul takes
+    /// the same path.
+    Q5_0,
     Q4K,
     Q5K,
     Q6K,
@@ -19,7 +22,7 @@ impl DType {
     pub const fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => 32,
             DType::Q4K | DType::Q5K | DType::Q6K => 256,
         }
     }
@@ -32,6 +35,7 @@ impl DType {
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
             DType::Q4K => 144,
             DType::Q5K => 176,
             DType::Q6K => 210,
@@ -53,6 +57,7 @@ impl DType {
             DType::F16 => 1,
             DType::Q4_0 => 2,
             DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
             DType::Q8_0 => 8,
             DType::Q4K => 12,
             DType::Q5K => 13,
@@ -67,6 +72,7 @@ impl DType {
             1 => DType::F16,
             2 => DType::Q4_0,
             3 => DType::Q4_1,
+            6 => DType::Q5_0,
             8 => DType::Q8_0,
             12 => DType::Q4K,
             13 => DType::Q5K,
@@ -84,6 +90,7 @@ impl DType {
             DType::Q8_0 => "Q8_0",
             DType::Q4_0 => "Q4_0",
             DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
             DType::Q4K => "Q4_K",
             DType::Q5K => "Q5_K",
             DType::Q6K => "Q6_K",

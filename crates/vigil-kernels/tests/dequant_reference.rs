@@ -4,7 +4,7 @@
 use vigil_kernels::quant::dequant::{dequantize, dequantize_row, DequantError};
 use vigil_kernels::{DType, QMatrix, WeightData};
 
-const ALL: [(&str, DType); 9] = [
+const ALL: [(&str, DType); 10] = [
     ("f32", DType::F32),
     ("f16", DType::F16),
     ("bf16", DType::BF16),
@@ -14,6 +14,7 @@ const ALL: [(&str, DType); 9] = [
     ("q4_k", DType::Q4K),
     ("q5_k", DType::Q5K),
     ("q6_k", DType::Q6K),
+    ("q5_0", DType::Q5_0),
 ];
 
 fn fixture(name: &str) -> Vec<u8> {

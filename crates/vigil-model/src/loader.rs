@@ -165,6 +165,8 @@ fn check_shapes(
 }
 
 fn convert(m: QMatrix, quant: LoadQuantization) -> Result<QMatrix> {
+    // Formats without kernels of their own are widened losslessly once, here.
+    let m = vigil_kernels::quant::widen::widened(&m).unwrap_or(m);
     match quant {
         LoadQuantization::AsStored => Ok(m),
         LoadQuantization::Q8_0 if m.dtype.is_quantized() || !m.cols.is_multiple_of(32) => Ok(m),

@@ -68,32 +68,10 @@ fn gemma_vocab() -> &'static GgufVocab {
         let path = std::env::var_os("VIGIL_TEST_GEMMA_GGUF").expect(
             "VIGIL_TEST_GEMMA_GGUF is not set: eval \"$(scripts/fetch_test_assets.sh)\" first",
         );
-        let header = metadata_only_copy(Path::new(&path));
-        let file = vigil_model::gguf::GgufFile::open(&header).unwrap_or_else(|e| panic!("{e}"));
-        // The map stays valid once the name is gone.
-        std::fs::remove_file(&header).unwrap_or_else(|e| panic!("{}: {e}", header.display()));
+        let file =
+            vigil_model::gguf::GgufFile::open(Path::new(&path)).unwrap_or_else(|e| panic!("{e}"));
         vigil_model::source_gguf::gguf_vocab(&file).unwrap_or_else(|e| panic!("{e}"))
     })
-}
-
-/// A copy of the start of a GGUF file (its metadata: 6.2 MB for Gemma 3) that declares no
-/// tensors. Vigil's reader refuses a file holding a tensor type it cannot compute with, and
-/// the Q4_K_M Gemma has Q5_0 tensors; the tokenizer needs only the metadata, through that
-/// same reader.
-fn metadata_only_copy(path: &Path) -> PathBuf {
-    use std::io::Read;
-    const HEAD: u64 = 16 << 20;
-    let mut head = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(HEAD).read_to_end(&mut head))
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    // Magic, version, then the u64 tensor count.
-    head.get_mut(8..16)
-        .unwrap_or_else(|| panic!("{}: not a GGUF file", path.display()))
-        .fill(0);
-    let copy = std::env::temp_dir().join(format!("vigil-gemma-vocab-{}.gguf", std::process::id()));
-    std::fs::write(&copy, &head).unwrap_or_else(|e| panic!("{}: {e}", copy.display()));
-    copy
 }
 
 fn gemma() -> &'static Tokenizer {

@@ -106,6 +106,10 @@ fn matmul_on(
     if m == 0 || w.rows == 0 {
         return;
     }
+    // Loaders widen Q5_0 once (`quant::widen`); a caller that did not pays it per call.
+    if let Some(wide) = crate::quant::widen::widened(w) {
+        return matmul_on(pool, path, &wide, x, m, out);
+    }
     let pool =
         pool.filter(|p| p.num_threads() > 1 && w.rows * w.row_bytes() * m >= PARALLEL_MIN_WORK);
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
@@ -172,6 +176,8 @@ fn run(
         ROW_ALIGN
     };
     match w.dtype {
+        // Widened before `run` (`matmul_on`).
+        DType::Q5_0 => debug_assert!(false, "Q5_0 reaches `run` only widened"),
         DType::Q4_0 => {
             let acts = scratch.q8_0(pool, how, x, shape, side);
             let wb = blocks_of::<BlockQ4_0>(w);

@@ -30,6 +30,17 @@ pub struct BlockQ4_1 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
 
+/// 32 values: `x = d * (q - 16)`, `q` 5-bit: the low nibbles in `qs` (values `j` and
+/// `j + 16` share byte `j`, as Q4_0), the fifth bits in `qh` (bit `j` for value `j`).
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ5_0 {
+    pub d: f16,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
+
 /// 32 values: `x = d * q`, `q` 8-bit signed.
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 #[repr(C)]

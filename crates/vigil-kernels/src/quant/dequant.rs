@@ -41,6 +41,35 @@ impl GgmlType for BlockQ4_1 {
     }
 }
 
+impl BlockQ5_0 {
+    /// The 32 signed values `q - 16` (in -16..=15), in order.
+    pub fn values(&self) -> [i8; QK] {
+        let qh = u32::from_le_bytes(self.qh);
+        let mut v = [0i8; QK];
+        for (j, &q) in self.qs.iter().enumerate() {
+            let lo = (q & 0x0F) | ((((qh >> j) << 4) & 0x10) as u8);
+            let hi = (q >> 4) | (((qh >> (j + 12)) & 0x10) as u8);
+            v[j] = lo as i8 - 16;
+            v[j + QK / 2] = hi as i8 - 16;
+        }
+        v
+    }
+}
+
+impl GgmlType for BlockQ5_0 {
+    const BLOCK_SIZE: usize = QK;
+
+    fn to_float(blocks: &[Self], out: &mut [f32]) {
+        assert_eq!(out.len(), blocks.len() * Self::BLOCK_SIZE);
+        for (block, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+            let d = block.d.to_f32();
+            for (y, q) in y.iter_mut().zip(block.values()) {
+                *y = d * q as f32;
+            }
+        }
+    }
+}
+
 impl GgmlType for BlockQ8_0 {
     const BLOCK_SIZE: usize = QK;
 
@@ -229,6 +258,7 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<(), Deq
         }
         DType::Q4_0 => blocks_to_float::<BlockQ4_0>(bytes, out),
         DType::Q4_1 => blocks_to_float::<BlockQ4_1>(bytes, out),
+        DType::Q5_0 => blocks_to_float::<BlockQ5_0>(bytes, out),
         DType::Q8_0 => blocks_to_float::<BlockQ8_0>(bytes, out),
         DType::Q4K => blocks_to_float::<BlockQ4K>(bytes, out),
         DType::Q5K => blocks_to_float::<BlockQ5K>(bytes, out),

@@ -8,5 +8,6 @@ pub mod blocks;
 pub mod dequant;
 pub mod dot;
 pub mod quantize;
+pub mod widen;
 
 pub use blocks::*;

@@ -191,7 +191,6 @@ fn read_array(c: &mut Cursor, depth: usize) -> PResult<GgufValue> {
 fn ggml_type_name(id: u32) -> &'static str {
     match id {
         4 | 5 => "Q4_2/Q4_3 (removed)",
-        6 => "Q5_0",
         7 => "Q5_1",
         9 => "Q8_1",
         10 => "Q2_K",
@@ -235,7 +234,7 @@ fn read_tensor_info(c: &mut Cursor) -> PResult<GgufTensorInfo> {
     let offset = c.u64("tensor data offset").map_err(in_tensor)?;
     let Some(dtype) = DType::from_ggml_type(type_id) else {
         return Err(in_tensor(Problem::Unsupported(format!(
-            "ggml tensor type {type_id} ({}) is not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)",
+            "ggml tensor type {type_id} ({}) is not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)",
             ggml_type_name(type_id)
         ))));
     };
