@@ -14,6 +14,7 @@ const ENVIRONMENT: &str = "Environment:
   VIGIL_LOG           log filter: error, warn, info, debug, trace, or per module
                       (`vigil_server=debug`) [default: info]
   VIGIL_FORCE_SCALAR  set to 1 to use the portable kernels only (no AVX2/AVX-512)
+  VIGIL_MAX_ISA       cap the kernels at scalar, avx2, avx_vnni or avx512 [default: the CPU's best]
   VIGIL_API_KEY       `serve`: the API key, as --api-key";
 
 #[derive(Parser)]
