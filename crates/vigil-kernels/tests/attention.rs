@@ -130,40 +130,50 @@ fn random_q(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-3.0f32..3.0)).collect()
 }
 
+/// Sequences of `lens` tokens each query their last `qlens` rows in one batch; every output
+/// must be within 2e-5 of the f64 reference (outputs are convex combinations of values in
+/// [-1, 1]).
+fn assert_batch_matches_reference(
+    rng: &mut ChaCha8Rng,
+    pool: &ThreadPool,
+    sh: AttnShape,
+    lens: &[usize],
+    qlens: &[usize],
+) {
+    let q_dim = sh.num_heads * sh.head_dim;
+    let (cache, seqs) = build(rng, sh, lens);
+    let qs: Vec<Vec<f32>> = qlens.iter().map(|&n| random_q(rng, n * q_dim)).collect();
+    let parts: Vec<(usize, usize, &[f32])> = (0..lens.len())
+        .map(|i| (i, lens[i], qs[i].as_slice()))
+        .collect();
+    let got = run(pool, sh, &cache, &seqs, &parts);
+    let mut at = 0;
+    for (i, q) in qs.iter().enumerate() {
+        let want = reference(sh, &seqs[i], lens[i], q);
+        for (k, w) in want.iter().enumerate() {
+            let g = got[at + k] as f64;
+            assert!((g - w).abs() <= 2e-5, "{sh:?} seq {i} out[{k}]: {g} vs {w}");
+        }
+        at += q.len();
+    }
+}
+
 #[test]
 fn matches_reference_on_random_shapes() {
     let mut rng = ChaCha8Rng::seed_from_u64(17);
     let pool = ThreadPool::new(2);
     // head_dim 64 and 128 (whole 64-wide register slices), 40 and 72 (8-wide remainders);
-    // context lengths around the 32-key blocks and the 8-key score groups.
+    // context lengths around the 32-key blocks and the 8-key score groups. Each sequence
+    // queries its last few rows (a prefill chunk, or one decode row).
     for (heads, kv_heads, d) in [(9, 3, 64), (4, 2, 128), (2, 1, 40), (3, 3, 72)] {
         let sh = shape(heads, kv_heads, d);
-        let q_dim = heads * d;
-        let lens = [1usize, 7, 33, 70, 131];
-        let (cache, seqs) = build(&mut rng, sh, &lens);
-        // Each sequence queries its last few rows (a prefill chunk, or one decode row).
-        let qlens = [1usize, 7, 5, 70, 3];
-        let qs: Vec<Vec<f32>> = qlens
-            .iter()
-            .map(|&n| random_q(&mut rng, n * q_dim))
-            .collect();
-        let parts: Vec<(usize, usize, &[f32])> = (0..lens.len())
-            .map(|i| (i, lens[i], qs[i].as_slice()))
-            .collect();
-        let got = run(&pool, sh, &cache, &seqs, &parts);
-        let mut at = 0;
-        for (i, q) in qs.iter().enumerate() {
-            let want = reference(sh, &seqs[i], lens[i], q);
-            for (k, w) in want.iter().enumerate() {
-                let g = got[at + k] as f64;
-                // Outputs are convex combinations of values in [-1, 1].
-                assert!(
-                    (g - w).abs() <= 2e-5,
-                    "heads {heads}/{kv_heads} d {d} seq {i} out[{k}]: {g} vs {w}"
-                );
-            }
-            at += q.len();
-        }
+        assert_batch_matches_reference(
+            &mut rng,
+            &pool,
+            sh,
+            &[1, 7, 33, 70, 131],
+            &[1, 7, 5, 70, 3],
+        );
     }
 }
 
@@ -184,30 +194,7 @@ fn sliding_window_matches_reference() {
     ] {
         let mut sh = shape(4, 2, d);
         sh.window = Some(window);
-        let q_dim = 4 * d;
-        let lens = [3usize, 64, 131, 260];
-        let (cache, seqs) = build(&mut rng, sh, &lens);
-        let qlens = [3usize, 1, 131, 20];
-        let qs: Vec<Vec<f32>> = qlens
-            .iter()
-            .map(|&n| random_q(&mut rng, n * q_dim))
-            .collect();
-        let parts: Vec<(usize, usize, &[f32])> = (0..lens.len())
-            .map(|i| (i, lens[i], qs[i].as_slice()))
-            .collect();
-        let got = run(&pool, sh, &cache, &seqs, &parts);
-        let mut at = 0;
-        for (i, q) in qs.iter().enumerate() {
-            let want = reference(sh, &seqs[i], lens[i], q);
-            for (k, w) in want.iter().enumerate() {
-                let g = got[at + k] as f64;
-                assert!(
-                    (g - w).abs() <= 2e-5,
-                    "d {d} window {window} seq {i} out[{k}]: {g} vs {w}"
-                );
-            }
-            at += q.len();
-        }
+        assert_batch_matches_reference(&mut rng, &pool, sh, &[3, 64, 131, 260], &[3, 1, 131, 20]);
     }
 }
 
