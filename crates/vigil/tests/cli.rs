@@ -141,3 +141,12 @@ fn every_option_has_help_and_the_environment_is_listed() {
         }
     }
 }
+
+#[test]
+fn pull_names_the_models_it_knows() {
+    let err = fails_saying(&["pull", "llama-70b"], "unknown model `llama-70b`");
+    assert!(
+        err.contains("smollm2") && err.contains("gemma3-270m"),
+        "{err}"
+    );
+}
