@@ -13,6 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from conftest import start_server
+
+
+@pytest.fixture(scope="module")
+def smol(gguf):
+    """A server of this module's own: the Responses model stores its responses, whose chains
+    hold KV that the shared server's tests expect free."""
+    server = start_server("agents", gguf, "--kv-memory", "256MiB")
+    yield server
+    server.stop()
+
 
 @pytest.fixture(scope="module")
 def agents_run(smol) -> dict:

@@ -29,7 +29,7 @@ from conftest import REPO, start_server, vigil_bin
 
 README = REPO / "README.md"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EXPECTED_SKIPS = 8
+EXPECTED_SKIPS = 9
 SKIPPED = re.compile(r"^(cargo run|scripts/test\.sh|vigil serve|cargo install|python3 -m pip)|path/to/|\bm\.gguf\b")
 
 
