@@ -366,13 +366,12 @@ pub fn rename_param(mut e: ApiError) -> ApiError {
         return e;
     };
     let renamed = match param.as_str() {
-        "max_tokens" => "max_output_tokens".to_string(),
-        "response_format" => "text.format".to_string(),
-        "reasoning_effort" | "chat_template_kwargs" => "reasoning.effort".to_string(),
-        p if p.starts_with("messages") => "input".to_string(),
-        p if p.starts_with("tools") || p.starts_with("tool_choice") => p.to_string(),
-        p => p.to_string(),
+        "max_tokens" => "max_output_tokens",
+        "response_format" => "text.format",
+        "reasoning_effort" | "chat_template_kwargs" => "reasoning.effort",
+        p if p.starts_with("messages") => "input",
+        _ => return e,
     };
-    e.param = Some(renamed);
+    e.param = Some(renamed.to_string());
     e
 }

@@ -12,8 +12,6 @@ pub struct Produced {
     pub reasoning: String,
     pub text: String,
     pub calls: Vec<ToolCall>,
-    /// The `logprobs.content` list of the text (empty unless asked).
-    pub logprobs: Vec<Value>,
     /// Cut by `max_output_tokens` or the context.
     pub cut: bool,
 }

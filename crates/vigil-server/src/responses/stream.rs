@@ -173,7 +173,6 @@ impl<'a> Reader<'a> {
                         self.open_message();
                     }
                     let lp = self.logprobs();
-                    self.produced.logprobs.extend(lp.iter().cloned());
                     let Open::Message {
                         index,
                         id,
@@ -238,7 +237,6 @@ impl<'a> Reader<'a> {
                     }
                     // What no text delta carried goes on the text's final logprobs.
                     let lp = self.logprobs();
-                    self.produced.logprobs.extend(lp.iter().cloned());
                     if let Open::Message { logprobs, .. } = &mut self.open {
                         logprobs.extend(lp);
                     }
