@@ -7,7 +7,10 @@
 //! tokenizer.json), loaded as `vigil generate` loads it; `--quantize q8_0` converts the float
 //! linear weights to Q8_0 at load. `--pp` lists the prefill lengths (default 512,2048).
 //!
-//! Usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048]
+//! `--depth D` adds llama-bench's `-d`: decode tokens/s of 64 tokens after a D-token prompt
+//! (`tg64@dD`), where attention over the held KV weighs on every step.
+//!
+//! Usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048] [--depth D]
 
 use std::time::Instant;
 use vigil_engine::engine::LlmEngine;
@@ -27,8 +30,9 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let model_path = args.get(1).ok_or(
-        "usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048]",
+        "usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048] [--depth D]",
     )?;
+    let depth: Option<usize> = arg(&args, "--depth").map(|v| v.parse()).transpose()?;
     let threads: usize = arg(&args, "--threads").map_or(Ok(2), |v| v.parse())?;
     let reps: usize = arg(&args, "--reps").map_or(Ok(5), |v| v.parse())?;
     let quantize = parse_quantize(arg(&args, "--quantize").as_deref())?;
@@ -40,7 +44,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if prefill_lens.contains(&0) {
         return Err("--pp lengths must be positive".into());
     }
-    let ctx = 256 + prefill_lens.iter().copied().max().unwrap_or(0).max(128);
+    let ctx = 256
+        + prefill_lens
+            .iter()
+            .copied()
+            .chain(depth)
+            .max()
+            .unwrap_or(0)
+            .max(128);
     let loaded = load(
         std::path::Path::new(model_path),
         &LoadOptions {
@@ -121,5 +132,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let v: Vec<f64> = (0..reps).map(|_| run(random_prompt(128), 128).1).collect();
     report("tg128", v);
+    if let Some(d) = depth {
+        let v: Vec<f64> = (0..reps).map(|_| run(random_prompt(d), 64).1).collect();
+        report(&format!("tg64@d{d}"), v);
+    }
     Ok(())
 }

@@ -6,7 +6,7 @@ use half::f16;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use vigil_kernels::attention::{paged_attention, write_kv, AttnSeq, AttnShape};
+use vigil_kernels::attention::{key_index, paged_attention, write_kv, AttnSeq, AttnShape};
 use vigil_kernels::pool::ThreadPool;
 
 /// One sequence's cached K/V (as f32, already rounded to f16) and its block table.
@@ -57,7 +57,15 @@ fn build(rng: &mut ChaCha8Rng, sh: AttnShape, lens: &[usize]) -> (Cache, Vec<Seq
         let slots: Vec<u32> = (0..len)
             .map(|p| table[p / sh.block_size] * sh.block_size as u32 + (p % sh.block_size) as u32)
             .collect();
-        write_kv(&mut cache.k, &mut cache.v, &k, &v, &slots, kv_dim);
+        write_kv(
+            &mut cache.k,
+            &mut cache.v,
+            &k,
+            &v,
+            &slots,
+            kv_dim,
+            sh.block_size,
+        );
         seqs.push(Seq { k, v, table });
     }
     (cache, seqs)
@@ -165,15 +173,22 @@ fn matches_reference_on_random_shapes() {
     // head_dim 64 and 128 (whole 64-wide register slices), 40 and 72 (8-wide remainders);
     // context lengths around the 32-key blocks and the 8-key score groups. Each sequence
     // queries its last few rows (a prefill chunk, or one decode row).
+    // Cache blocks of 16 (the engine's), 8 and 24 take the SIMD path; 5 and 1 the portable
+    // one (keys are d-major within a block whatever its size).
     for (heads, kv_heads, d) in [(9, 3, 64), (4, 2, 128), (2, 1, 40), (3, 3, 72)] {
-        let sh = shape(heads, kv_heads, d);
-        assert_batch_matches_reference(
-            &mut rng,
-            &pool,
-            sh,
-            &[1, 7, 33, 70, 131],
-            &[1, 7, 5, 70, 3],
-        );
+        for block_size in [16, 8, 24, 5, 1] {
+            let sh = AttnShape {
+                block_size,
+                ..shape(heads, kv_heads, d)
+            };
+            assert_batch_matches_reference(
+                &mut rng,
+                &pool,
+                sh,
+                &[1, 7, 33, 70, 131],
+                &[1, 7, 5, 70, 3],
+            );
+        }
     }
 }
 
@@ -212,8 +227,8 @@ fn sliding_window_never_uses_keys_before_it() {
         let kv_dim = d;
         for p in 0..259 {
             let slot = seqs[0].table[p / 16] as usize * 16 + p % 16;
-            for x in &mut cache.k[slot * kv_dim..(slot + 1) * kv_dim] {
-                *x = f16::NAN;
+            for c in 0..kv_dim {
+                cache.k[key_index(slot, c, kv_dim, 16)] = f16::NAN;
             }
             for x in &mut cache.v[slot * kv_dim..(slot + 1) * kv_dim] {
                 *x = f16::NAN;
@@ -283,7 +298,14 @@ fn per_key_ops(sh: AttnShape, cache: &Cache, seq: &Seq, len: usize, q: &[f32]) -
     let (d, bs) = (sh.head_dim, sh.block_size);
     let (q_dim, kv_dim) = (sh.num_heads * d, sh.num_kv_heads * d);
     let rows = q.len() / q_dim;
-    let row_of = |p: usize| (seq.table[p / bs] as usize * bs + p % bs) * kv_dim;
+    let slot_of = |p: usize| seq.table[p / bs] as usize * bs + p % bs;
+    let row_of = |p: usize| slot_of(p) * kv_dim;
+    // The key's elements gathered from the cache's d-major block layout.
+    let key = |p: usize, off: usize| -> Vec<f16> {
+        (0..d)
+            .map(|c| cache.k[key_index(slot_of(p), off + c, kv_dim, bs)])
+            .collect()
+    };
     let mut out = vec![0f32; q.len()];
     for r in 0..rows {
         let pos = len - rows + r;
@@ -291,9 +313,7 @@ fn per_key_ops(sh: AttnShape, cache: &Cache, seq: &Seq, len: usize, q: &[f32]) -
             let off = (h / (sh.num_heads / sh.num_kv_heads)) * d;
             let qv = &q[r * q_dim + h * d..][..d];
             let mut s: Vec<f32> = (0..=pos)
-                .map(|p| {
-                    f16::dot_avx2(qv, &cache.k[row_of(p) + off..][..d]) * (1.0 / (d as f32).sqrt())
-                })
+                .map(|p| f16::dot_avx2(qv, &key(p, off)) * (1.0 / (d as f32).sqrt()))
                 .collect();
             vigil_kernels::attention::softmax_dispatched(&mut s);
             let o = &mut out[r * q_dim + h * d..][..d];
@@ -328,7 +348,8 @@ fn blocked_simd_path_equals_per_key_simd_ops() {
 #[test]
 fn simd_path_equals_per_key_ops_on_ragged_shapes() {
     // Random lengths: query rows not a multiple of the row tile, keys not a multiple of the
-    // key block, cache blocks of 1 up to past the key block, head sizes with 8-wide
+    // key block, cache blocks of 8 (the SIMD path's multiple; others take the scalar path,
+    // checked against the f64 reference) up to past the key block, head sizes with 8-wide
     // remainders, groups of 1 to 8 heads. Each sequence batched with others, and one row of
     // each alone (a decode step; with one KV head its heads are split across tiles), gives
     // the per-key bits.
@@ -338,10 +359,10 @@ fn simd_path_equals_per_key_ops_on_ragged_shapes() {
     let mut rng = ChaCha8Rng::seed_from_u64(37);
     let pool = ThreadPool::new(2);
     for (heads, kv_heads, d, block_size) in [
-        (9, 3, 64, 1),
-        (9, 3, 64, 5),
+        (9, 3, 64, 8),
+        (9, 3, 64, 24),
         (4, 2, 128, 64),
-        (6, 2, 40, 3),
+        (6, 2, 40, 8),
         (3, 3, 72, 32),
         (8, 1, 64, 96),
         (14, 2, 24, 16),

@@ -1,7 +1,11 @@
-//! The KV tensors: per layer, `num_blocks × block_size` rows of `kv_heads × head_dim` keys and
-//! values. Which rows belong to whom is the engine's `BlockPool`'s business, not this file's.
+//! The KV tensors: per layer, `num_blocks × block_size` slots of `kv_heads × head_dim` keys and
+//! values, values row-major and keys d-major within each block (the layout attention reads,
+//! `vigil_kernels::attention::key_index`). Which slots belong to whom is the engine's
+//! `BlockPool`'s business, not this file's. Rows leave and enter this file (`read_rows`,
+//! `write_rows`) in slot order whatever the layout, so saved sessions do not depend on it.
 
 use half::f16;
+use vigil_kernels::attention::key_index;
 
 /// Element type of the cache. F16 halves memory; F32 is exact (used by numeric tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,20 +88,29 @@ impl KvCache {
     /// The rows at `slots`, in order, from every layer, as the cache's bytes: layer by layer,
     /// the keys then the values (what `write_rows` takes back).
     pub fn read_rows(&self, slots: &[usize]) -> Vec<u8> {
-        fn each<E: bytemuck::Pod>(layers: &[[Vec<E>; 2]], slots: &[usize], d: usize) -> Vec<u8> {
+        fn each<E: bytemuck::Pod>(
+            layers: &[[Vec<E>; 2]],
+            slots: &[usize],
+            d: usize,
+            bs: usize,
+        ) -> Vec<u8> {
             let mut out = Vec::with_capacity(layers.len() * 2 * slots.len() * d * size_of::<E>());
-            for kv in layers {
-                for t in kv {
-                    for &s in slots {
-                        out.extend_from_slice(bytemuck::cast_slice(&t[s * d..(s + 1) * d]));
+            for [k, v] in layers {
+                for &s in slots {
+                    let first = key_index(s, 0, d, bs);
+                    for c in 0..d {
+                        out.extend_from_slice(bytemuck::bytes_of(&k[first + c * bs]));
                     }
+                }
+                for &s in slots {
+                    out.extend_from_slice(bytemuck::cast_slice(&v[s * d..(s + 1) * d]));
                 }
             }
             out
         }
         match &self.layers {
-            KvLayers::F16(l) => each(l, slots, self.kv_dim),
-            KvLayers::F32(l) => each(l, slots, self.kv_dim),
+            KvLayers::F16(l) => each(l, slots, self.kv_dim, self.block_size),
+            KvLayers::F32(l) => each(l, slots, self.kv_dim, self.block_size),
         }
     }
 
@@ -107,7 +120,7 @@ impl KvCache {
         fn each<E: bytemuck::Pod>(
             layers: &mut [[Vec<E>; 2]],
             slots: &[usize],
-            d: usize,
+            (d, bs): (usize, usize),
             bytes: &[u8],
         ) -> bool {
             let row = d * size_of::<E>();
@@ -115,41 +128,51 @@ impl KvCache {
                 return false;
             }
             let mut rows = bytes.chunks_exact(row);
-            for kv in layers.iter_mut() {
-                for t in kv.iter_mut() {
-                    for (&s, r) in slots.iter().zip(rows.by_ref()) {
-                        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut t[s * d..(s + 1) * d]);
-                        dst.copy_from_slice(r);
+            for [k, v] in layers.iter_mut() {
+                for (&s, r) in slots.iter().zip(rows.by_ref()) {
+                    let first = key_index(s, 0, d, bs);
+                    for (c, e) in r.chunks_exact(size_of::<E>()).enumerate() {
+                        k[first + c * bs] = bytemuck::pod_read_unaligned(e);
                     }
+                }
+                for (&s, r) in slots.iter().zip(rows.by_ref()) {
+                    let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut v[s * d..(s + 1) * d]);
+                    dst.copy_from_slice(r);
                 }
             }
             true
         }
-        let d = self.kv_dim;
+        let shape = (self.kv_dim, self.block_size);
         match &mut self.layers {
-            KvLayers::F16(l) => each(l, slots, d, bytes),
-            KvLayers::F32(l) => each(l, slots, d, bytes),
+            KvLayers::F16(l) => each(l, slots, shape, bytes),
+            KvLayers::F32(l) => each(l, slots, shape, bytes),
         }
     }
 
     /// Copy the first `num_tokens` rows of block `src` into block `dst` in every layer
     /// (copy-on-write of a shared partial block).
     pub fn copy_block(&mut self, src: u32, dst: u32, num_tokens: usize) {
-        let row = self.block_size * self.kv_dim;
-        let (s, d, n) = (
-            src as usize * row,
-            dst as usize * row,
-            num_tokens * self.kv_dim,
-        );
+        fn each<E: Copy>(
+            layers: &mut [[Vec<E>; 2]],
+            src: u32,
+            dst: u32,
+            n: usize,
+            d: usize,
+            bs: usize,
+        ) {
+            let (s, t) = (src as usize * bs * d, dst as usize * bs * d);
+            for [k, v] in layers.iter_mut() {
+                // Keys: the first `n` of each of the block's `d` runs.
+                for c in 0..d {
+                    k.copy_within(s + c * bs..s + c * bs + n, t + c * bs);
+                }
+                v.copy_within(s..s + n * d, t);
+            }
+        }
+        let (d, bs) = (self.kv_dim, self.block_size);
         match &mut self.layers {
-            KvLayers::F16(layers) => layers
-                .iter_mut()
-                .flatten()
-                .for_each(|t| t.copy_within(s..s + n, d)),
-            KvLayers::F32(layers) => layers
-                .iter_mut()
-                .flatten()
-                .for_each(|t| t.copy_within(s..s + n, d)),
+            KvLayers::F16(l) => each(l, src, dst, num_tokens, d, bs),
+            KvLayers::F32(l) => each(l, src, dst, num_tokens, d, bs),
         }
     }
 
@@ -165,7 +188,7 @@ impl KvCache {
         fn each<E: Copy>(
             layers: &mut [[Vec<E>; 2]],
             moves: &[(usize, usize)],
-            d: usize,
+            (d, bs): (usize, usize),
             to: impl Fn(E) -> f32,
             from: impl Fn(f32) -> E,
             rotate: &dyn Fn(usize, &mut [f32]),
@@ -173,21 +196,22 @@ impl KvCache {
             let mut row = vec![0f32; d];
             for (layer, [k, v]) in layers.iter_mut().enumerate() {
                 for &(src, dst) in moves {
-                    for (r, e) in row.iter_mut().zip(&k[src * d..(src + 1) * d]) {
-                        *r = to(*e);
+                    let (from_k, to_k) = (key_index(src, 0, d, bs), key_index(dst, 0, d, bs));
+                    for (c, r) in row.iter_mut().enumerate() {
+                        *r = to(k[from_k + c * bs]);
                     }
                     rotate(layer, &mut row);
-                    for (e, r) in k[dst * d..(dst + 1) * d].iter_mut().zip(&row) {
-                        *e = from(*r);
+                    for (c, r) in row.iter().enumerate() {
+                        k[to_k + c * bs] = from(*r);
                     }
                     v.copy_within(src * d..(src + 1) * d, dst * d);
                 }
             }
         }
-        let d = self.kv_dim;
+        let shape = (self.kv_dim, self.block_size);
         match &mut self.layers {
-            KvLayers::F16(l) => each(l, moves, d, f16::to_f32, f16::from_f32, &rotate),
-            KvLayers::F32(l) => each(l, moves, d, |x| x, |x| x, &rotate),
+            KvLayers::F16(l) => each(l, moves, shape, f16::to_f32, f16::from_f32, &rotate),
+            KvLayers::F32(l) => each(l, moves, shape, |x| x, |x| x, &rotate),
         }
     }
 }

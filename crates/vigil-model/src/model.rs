@@ -263,7 +263,15 @@ fn attend<E: KvElem>(
 ) {
     let kv_dim = shape.num_kv_heads * shape.head_dim;
     let [k_cache, v_cache] = layer_kv;
-    write_kv(k_cache, v_cache, k, v, &input.slot_mapping, kv_dim);
+    write_kv(
+        k_cache,
+        v_cache,
+        k,
+        v,
+        &input.slot_mapping,
+        kv_dim,
+        shape.block_size,
+    );
     paged_attention(pool, shape, q, k_cache, v_cache, seqs, out);
 }
 
