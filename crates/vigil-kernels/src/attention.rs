@@ -160,6 +160,9 @@ mod simd {
         }
     }
 
+    /// Value rows fetched this many keys ahead.
+    const VALUE_PREFETCH: usize = 4;
+
     /// KV elements read 8 at a time as f32.
     pub trait Load8: Copy {
         unsafe fn load8(p: *const Self) -> __m256;
@@ -291,8 +294,16 @@ mod simd {
             // A short last group repeats its last vector: the same scores written twice.
             let group: [(*const E, usize); KW] =
                 std::array::from_fn(|w| keys[(w0 + w).min(keys.len() - 1)]);
+            // The next group's keys, fetched while this one computes: a block's keys of one
+            // KV head are a short run (2 KiB at d 64 and 16-key blocks) that the hardware
+            // prefetcher barely ramps up on before the next block's run starts elsewhere.
+            let next: [*const E; KW] =
+                std::array::from_fn(|w| keys[(w0 + KW + w).min(keys.len() - 1)].0);
             let mut acc = [[_mm256_setzero_ps(); KW]; NQ];
             for c in 0..d {
+                for n in next {
+                    _mm_prefetch::<_MM_HINT_T0>(n.wrapping_add(c * stride).cast());
+                }
                 let kv: [__m256; KW] =
                     std::array::from_fn(|w| E::load8(group[w].0.add(c * stride)));
                 for i in 0..NQ {
@@ -398,6 +409,13 @@ mod simd {
         let common = n[..NQ].iter().copied().min().unwrap_or(0);
         let v = v.add(s);
         for j in 0..common {
+            if j + VALUE_PREFETCH < common {
+                // The value rows of one KV head are short runs a row apart (see `scores_t`).
+                let ahead = v.add(*rows.add(j + VALUE_PREFETCH)).cast::<u8>();
+                for line in (0..8 * C * size_of::<E>()).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+                }
+            }
             let r = v.add(*rows.add(j));
             let y: [__m256; C] = std::array::from_fn(|c| E::load8(r.add(8 * c)));
             for i in 0..NQ {
