@@ -144,6 +144,9 @@ pub struct Settings {
     /// `iterations`); on a CPU these take seconds each, flash answers milliseconds.
     pub replay_iterations: Option<u32>,
     pub cold_iterations: Option<u32>,
+    /// live-stream: when in each period the queries fall due, in ms after the push (default:
+    /// half the period, when the last push is usually resident; 0 lands each query on a push).
+    pub query_offset_ms: Option<u32>,
     /// live-stream: chat streams kept running beside the stream on every target (closed loop,
     /// 64 tokens each request), to measure session work under a saturated engine.
     pub chat_streams: u32,
@@ -195,6 +198,7 @@ impl Default for Settings {
             answer_tokens: 16,
             replay_iterations: None,
             cold_iterations: None,
+            query_offset_ms: None,
             chat_streams: 0,
             window_mode: None,
             matrix_contexts: vec![1024, 4096],
@@ -273,6 +277,8 @@ pub struct StreamShape {
     pub period_ms: u32,
     pub window_tokens: u32,
     pub answer_tokens: u32,
+    /// Queries fall due this long after a push.
+    pub query_offset_ms: u32,
 }
 
 /// Room a live-stream query needs besides the window: system prompt, question, template.
@@ -518,11 +524,19 @@ pub fn plan(workload: Workload, s: &Settings) -> Result<Vec<PlannedPoint>, Bench
                     s.window_tokens, s.entry_tokens
                 )));
             }
+            let query_offset_ms = s.query_offset_ms.unwrap_or(s.period_ms / 2);
+            if query_offset_ms >= s.period_ms {
+                return Err(BenchError::Setting(format!(
+                    "the query offset ({query_offset_ms} ms) must be less than the period ({} ms)",
+                    s.period_ms
+                )));
+            }
             let stream = StreamShape {
                 entry_tokens: s.entry_tokens,
                 period_ms: s.period_ms,
                 window_tokens: s.window_tokens,
                 answer_tokens: s.answer_tokens,
+                query_offset_ms,
             };
             [
                 LiveMode::Flash,

@@ -125,6 +125,9 @@ struct RunArgs {
     /// live-stream: measured cold queries per session target [default: --iterations].
     #[arg(long)]
     cold_iterations: Option<u32>,
+    /// live-stream: queries fall due this many ms after each push [default: half the period].
+    #[arg(long)]
+    query_offset_ms: Option<u32>,
     /// live-stream: chat streams kept running beside the stream (closed loop, 64 tokens a
     /// request), to measure ingest under a saturated engine [default: 0].
     #[arg(long)]
@@ -207,6 +210,7 @@ fn run_workload(a: RunArgs) -> Result<()> {
         answer_tokens: a.answer_tokens.unwrap_or(d.answer_tokens),
         replay_iterations: a.replay_iterations.or(d.replay_iterations),
         cold_iterations: a.cold_iterations.or(d.cold_iterations),
+        query_offset_ms: a.query_offset_ms.or(d.query_offset_ms),
         chat_streams: a.chat_streams.unwrap_or(d.chat_streams),
         window_mode: a.window_mode.clone().or(d.window_mode),
         matrix_contexts: a.matrix_contexts.unwrap_or(d.matrix_contexts),

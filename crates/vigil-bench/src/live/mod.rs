@@ -14,7 +14,8 @@
 //!   on another replica).
 //!
 //! The stream starts full (entries until the window has evicted once) and keeps flowing across
-//! the three phases. Queries fall due every P ms, half a period after the pushes; at most one
+//! the three phases. Queries fall due every P ms, `query_offset_ms` after the pushes (half a
+//! period by default: the pusher's ticks anchor every phase's schedule); at most one
 //! is in flight, so a query due while the last one runs is sent when it returns and its delay
 //! is recorded (`late_ms`): a server slower than the cadence is timed at its own pace under the
 //! stream's load, not by a queue that grows with N.
@@ -231,6 +232,7 @@ pub async fn run_target(
         stop_load: Notify::new(),
         residency: load::Residency::default(),
         drained: AtomicU64::new(u64::MAX),
+        push_epoch: Instant::now() + Duration::from_millis(u64::from(shape.period_ms)),
     };
     let streams = ctx.settings.chat_streams;
     let started = Instant::now();
@@ -351,6 +353,9 @@ struct Stream<'a> {
     residency: load::Residency,
     /// The newest push acknowledged when the session's drain began (see `drain`).
     drained: AtomicU64,
+    /// The pusher's first tick; it pushes every period from here, and queries fall due
+    /// `query_offset_ms` after its ticks.
+    push_epoch: Instant,
 }
 
 impl Stream<'_> {
@@ -364,6 +369,19 @@ impl Stream<'_> {
 
     fn period(&self) -> Duration {
         Duration::from_millis(u64::from(self.shape.period_ms))
+    }
+
+    /// The first instant at or after `now` that is `query_offset_ms` after one of the pusher's
+    /// ticks, so every phase's queries keep the same place relative to the pushes.
+    fn first_due(&self, now: Instant) -> Instant {
+        let offset = Duration::from_millis(u64::from(self.shape.query_offset_ms));
+        let period = self.period().as_nanos().max(1);
+        let anchor = self.push_epoch + offset;
+        if now <= anchor {
+            return anchor;
+        }
+        let periods = (now - anchor).as_nanos().div_ceil(period);
+        anchor + Duration::from_nanos((periods * period) as u64)
     }
 
     /// Keeps `SIZED_AHEAD` entries sized and ready until the phases end.
@@ -399,7 +417,7 @@ impl Stream<'_> {
     /// One entry every period until the phases end: into the client's window, and pushed to
     /// the session while there is one.
     async fn pusher(&self) {
-        let start = tokio::time::Instant::now() + self.period();
+        let start = tokio::time::Instant::from_std(self.push_epoch);
         let mut tick = tokio::time::interval_at(start, self.period());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -532,8 +550,9 @@ impl Stream<'_> {
         let t0 = Instant::now();
         let mut measured_from = t0;
         let mut samples = Vec::new();
+        let first = self.first_due(t0);
         for j in 0..warm + measured {
-            let due = t0 + self.period() / 2 + self.period() * j;
+            let due = first + self.period() * j;
             tokio::time::sleep_until(due.into()).await;
             let sent = Instant::now();
             if j == warm {

@@ -148,11 +148,16 @@ fn live_section(md: &mut String, files: &[RunFile], heads: &[String], rows: &[Ve
         let _ = writeln!(
             md,
             "Stream: entries of about {} tokens every {} ms into a {}-token window; {}-token \
-             answers; measured queries after {} warm-up each: flash {}, cold {}, replay {}.\n",
+             answers, asked {} after each push; measured queries after {} warm-up each: flash \
+             {}, cold {}, replay {}.\n",
             s.entry_tokens,
             s.period_ms,
             s.window_tokens,
             s.answer_tokens,
+            s.query_offset_ms.map_or(
+                format!("{} ms (half a period)", s.period_ms / 2),
+                |o| format!("{o} ms")
+            ),
             s.warmup,
             s.iterations,
             s.cold_iterations.unwrap_or(s.iterations),
