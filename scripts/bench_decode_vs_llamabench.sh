@@ -1,0 +1,33 @@
+#!/bin/bash
+# Vigil (bench_core) against llama-bench (native build) on SmolLM2-135M in Q4_0 and Q4_1,
+# interleaved, 2 rounds, 2 threads, with the decode floors of the same run: prefill pp512 and
+# pp2048 (llama.cpp with flash attention on, its best for prefill), decode tg128, and decode of
+# 64 tokens after 2,048 (llama.cpp with flash attention off and on: off was its best at depth),
+# plus the read bandwidth (mem_bandwidth, 2 threads, 1 GiB) the floors divide by. Writes one
+# file per run into OUT_DIR, and load.txt (uptime before and after each round).
+# Usage: LLAMACPP_BIN=... scripts/bench_decode_vs_llamabench.sh OUT_DIR [Q4_0_GGUF]
+# (a Q4_0 copy: llama-quantize --allow-requantize .cache/SmolLM2-135M-Instruct.Q4_1.gguf Q4_0.gguf Q4_0)
+set -u
+cd "$(dirname "$0")/.."
+L=${LLAMACPP_BIN:?set LLAMACPP_BIN to a native llama.cpp build (scripts/setup_llamacpp.sh)}
+cargo build -q --release -p vigil-engine --example bench_core --example mem_bandwidth
+B=target/release/examples
+O=${1:?usage: bench_decode_vs_llamabench.sh OUT_DIR [Q4_0_GGUF]}; mkdir -p "$O"
+Q0=${2:-/tmp/smol-q4_0.gguf}
+Q1=.cache/SmolLM2-135M-Instruct.Q4_1.gguf
+grep -m1 'model name' /proc/cpuinfo > "$O/cpu.txt"
+grep -m1 '^flags' /proc/cpuinfo >> "$O/cpu.txt"
+for r in 1 2; do
+  uptime >> "$O/load.txt"
+  $B/mem_bandwidth --threads 2 --mib 1024 --passes 5 > "$O/bandwidth-$r.json"
+  for f in q4_0 q4_1; do
+    m=$Q0; [ $f = q4_1 ] && m=$Q1
+    $B/bench_core "$m" --threads 2 --reps 5 --pp 512,2048 --depth 2048 > "$O/vigil-$f-$r.jsonl" 2>&1
+    $L/llama-bench -m "$m" -t 2 -p 512,2048 -n 128 -r 5 -fa 1 -o json > "$O/llama-$f-fa1-$r.json" 2> "$O/llama-$f-fa1-$r.err"
+    for fa in 0 1; do
+      $L/llama-bench -m "$m" -t 2 -p 0 -n 64 -d 2048 -r 5 -fa $fa -o json > "$O/llama-$f-d2048-fa$fa-$r.json" 2> "$O/llama-$f-d2048-fa$fa-$r.err"
+    done
+  done
+  uptime >> "$O/load.txt"
+done
+echo done > "$O/DONE"

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Markdown summary of scripts/bench_decode_vs_llamabench.sh's OUT_DIR: per file and round,
+Vigil against llama-bench (prefill with flash attention on; decode after 2,048 tokens with it off
+and on), and the decode floors of the same round: weight bytes per token (the GGUF's tensor
+data, token_embd read once as the tied output head) and, after 2,048 tokens, the F16 KV read
+(layers x 2 x kv_dim x 2 bytes x the mean context of the 64 decoded tokens), divided by the
+round's measured read bandwidth. Stdlib only.
+
+Usage: scripts/summarize_decode_bench.py OUT_DIR [Q4_0_GGUF]"""
+import json, os, struct, sys
+
+def gguf_layout(path):
+    """(tensor data bytes, metadata dict of scalars) of a GGUF file."""
+    with open(path, "rb") as f:
+        data = f.read(64 << 20)
+    p = 0
+    def take(fmt):
+        nonlocal p
+        v = struct.unpack_from("<" + fmt, data, p); p += struct.calcsize("<" + fmt); return v[0]
+    def string():
+        nonlocal p
+        n = take("Q"); s = data[p:p + n].decode("utf-8", "replace"); p += n; return s
+    sizes = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    def value(t):
+        if t == 8: return string()
+        if t == 9:
+            et = take("I"); n = take("Q")
+            return [value(et) for _ in range(n)] if et in (8, 9) else [take(sizes[et]) for _ in range(n)]
+        return take(sizes[t])
+    assert data[:4] == b"GGUF"; p = 4
+    take("I"); n_tensors = take("Q"); n_kv = take("Q")
+    meta = {}
+    for _ in range(n_kv):
+        k = string(); v = value(take("I"))
+        if not isinstance(v, list): meta[k] = v
+    for _ in range(n_tensors):
+        string(); nd = take("I"); [take("Q") for _ in range(nd)]; take("I"); take("Q")
+    align = meta.get("general.alignment", 32)
+    start = (p + align - 1) // align * align
+    return os.path.getsize(path) - start, meta
+
+def vigil(path):
+    out = {}
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("{"):
+            j = json.loads(line); out[j["test"]] = (j["tokens_per_s_median"], j["tokens_per_s_min"], j["tokens_per_s_max"])
+    return out
+
+def llama(path):
+    out = {}
+    try:
+        rows = json.load(open(path))
+    except Exception:
+        return out
+    for r in rows:
+        if r["n_prompt"] and not r["n_gen"]: name = f"pp{r['n_prompt']}"
+        elif r["n_depth"]: name = f"tg{r['n_gen']}@d{r['n_depth']}"
+        else: name = f"tg{r['n_gen']}"
+        out[name] = (r["avg_ts"], r["stddev_ts"])
+    return out
+
+def main():
+    d = sys.argv[1]
+    files = {"q4_0": sys.argv[2] if len(sys.argv) > 2 else "/tmp/smol-q4_0.gguf",
+             "q4_1": ".cache/SmolLM2-135M-Instruct.Q4_1.gguf"}
+    print(open(os.path.join(d, "cpu.txt")).readline().strip())
+    print()
+    print("| file | round | figure | Vigil median (min–max) | llama.cpp mean ± sd | ratio | floor | Vigil at |")
+    print("|---|---|---|---|---|---|---|---|")
+    for f, path in files.items():
+        wbytes, meta = gguf_layout(path)
+        arch = meta["general.architecture"]
+        layers = meta[f"{arch}.block_count"]
+        kv_dim = meta[f"{arch}.attention.head_count_kv"] * meta[f"{arch}.embedding_length"] // meta[f"{arch}.attention.head_count"]
+        for r in (1, 2):
+            bw = json.load(open(os.path.join(d, f"bandwidth-{r}.json")))["bandwidth_gb_s"] * 1e9
+            v = vigil(os.path.join(d, f"vigil-{f}-{r}.jsonl"))
+            l = llama(os.path.join(d, f"llama-{f}-fa1-{r}.json"))
+            l0 = llama(os.path.join(d, f"llama-{f}-d2048-fa0-{r}.json"))
+            l1 = llama(os.path.join(d, f"llama-{f}-d2048-fa1-{r}.json"))
+            for name in ("pp512", "pp2048", "tg128", "tg64@d2048"):
+                if name not in v: continue
+                vm, vmin, vmax = v[name]
+                if name == "tg64@d2048":
+                    cands = [(x[name], fa) for x, fa in ((l0, "fa off"), (l1, "fa on")) if name in x]
+                    best = max(cands, default=None, key=lambda c: c[0][0])
+                    lv, note = (best[0], f" ({best[1]}; other {', '.join(f'{c[0][0]:.1f} {c[1]}' for c in cands if c is not best)})") if best else (None, "")
+                    kv = layers * 2 * kv_dim * 2 * (2048 + 32)
+                    floor = bw / (wbytes + kv)
+                else:
+                    lv, note = l.get(name), ""
+                    floor = bw / wbytes if name == "tg128" else None
+                ls = f"{lv[0]:.1f} ± {lv[1]:.1f}{note}" if lv else "–"
+                ratio = f"{vm / lv[0]:.2f}× ({vm:.1f} / {lv[0]:.1f})" if lv else "–"
+                fl = f"{floor:.1f} tok/s ({bw / 1e9:.1f} GB/s)" if floor else ""
+                at = f"{100 * vm / floor:.0f} %" if floor else ""
+                print(f"| {f.upper()} | {r} | {name} | {vm:.1f} ({vmin:.1f}–{vmax:.1f}) | {ls} | {ratio} | {fl} | {at} |")
+
+main()
