@@ -306,7 +306,9 @@ async fn wait_ready(client: &Client, timeout_s: u64) -> Result<(), BenchError> {
             other => other,
         };
         match probe {
-            Ok(_) => return Ok(()),
+            // A success with a body that is not JSON is ready too: vLLM's `/health` is an
+            // empty 200.
+            Ok(_) | Err(BenchError::Reply { .. }) => return Ok(()),
             Err(e) if t0.elapsed().as_secs() >= timeout_s => {
                 return Err(BenchError::NotReady {
                     url: client.base().to_string(),
