@@ -409,17 +409,19 @@ def main():
                 in_memory=rounded,
             )
 
-    with open(os.path.join(OUT, "versions.json"), "w") as f:
-        json.dump(
-            {
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "safetensors": safetensors.__version__,
-                "tokenizers": tokenizers.__version__,
-            },
-            f,
-            indent=2,
-        )
+    # Keep what other fixture scripts recorded there (make_tiny_gemma3.py: its "gemma3" entry).
+    versions_path = os.path.join(OUT, "versions.json")
+    versions = json.load(open(versions_path)) if os.path.exists(versions_path) else {}
+    versions.update(
+        {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "safetensors": safetensors.__version__,
+            "tokenizers": tokenizers.__version__,
+        }
+    )
+    with open(versions_path, "w") as f:
+        json.dump(versions, f, indent=2)
         f.write("\n")
 
 

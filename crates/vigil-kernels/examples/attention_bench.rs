@@ -16,18 +16,24 @@ fn arg(i: usize, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn main() {
-    let (len, threads, reps) = (arg(1, 512), arg(2, 2), arg(3, 3));
-    if std::env::args().nth(4).as_deref() == Some("decode") {
-        return decode(len, threads, reps);
-    }
-    let shape = AttnShape {
+/// SmolLM2-135M's attention: 9 heads over 3 KV heads of 64, 16-token cache blocks.
+fn smollm2_shape() -> AttnShape {
+    AttnShape {
         num_heads: 9,
         num_kv_heads: 3,
         head_dim: 64,
         block_size: 16,
         window: None,
-    };
+        scale: AttnShape::default_scale(64),
+    }
+}
+
+fn main() {
+    let (len, threads, reps) = (arg(1, 512), arg(2, 2), arg(3, 3));
+    if std::env::args().nth(4).as_deref() == Some("decode") {
+        return decode(len, threads, reps);
+    }
+    let shape = smollm2_shape();
     let (q_dim, kv_dim) = (9 * 64, 3 * 64);
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut rnd = move || {
@@ -71,13 +77,7 @@ fn main() {
 
 /// One decode row per layer over `len` held tokens, 30 layers of KV in turn.
 fn decode(len: usize, threads: usize, reps: usize) {
-    let shape = AttnShape {
-        num_heads: 9,
-        num_kv_heads: 3,
-        head_dim: 64,
-        block_size: 16,
-        window: None,
-    };
+    let shape = smollm2_shape();
     let (q_dim, kv_dim, layers) = (9 * 64, 3 * 64, 30);
     let blocks = len.div_ceil(16);
     let layer_kv: Vec<(Vec<f16>, Vec<f16>)> = (0..layers)

@@ -545,6 +545,16 @@ pub struct AttnShape {
     /// `t + 1 - window ..= t` only (Gemma 3's local layers, llama.cpp's standard SWA). `None`:
     /// every earlier key.
     pub window: Option<usize>,
+    /// Factor of the scores `q · k`: `1 / √head_dim` for most models (`AttnShape::default_scale`),
+    /// `1 / √query_pre_attn_scalar` for Gemma.
+    pub scale: f32,
+}
+
+impl AttnShape {
+    /// The usual score scale, `1 / √head_dim`.
+    pub fn default_scale(head_dim: usize) -> f32 {
+        1.0 / (head_dim as f32).sqrt()
+    }
 }
 
 /// Write K and V rows of the new tokens into their cache slots (K d-major within its block,
@@ -578,7 +588,7 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `out[t][h] = softmax(q[t][h] · K[first(t)..=pos(t)] / sqrt(d)) · V` for every query row `t`
+/// `out[t][h] = softmax(q[t][h] · K[first(t)..=pos(t)] · scale) · V` for every query row `t`
 /// and head `h`, where `first(t)` is 0, or the window's first key (`AttnShape::window`).
 pub fn paged_attention<E: KvElem>(
     pool: &ThreadPool,
@@ -678,7 +688,7 @@ impl<'a> TileGeometry<'a> {
             kv_dim: shape.num_kv_heads * d,
             kv_head: tile.heads.start / (shape.num_heads / shape.num_kv_heads),
             block_size: shape.block_size,
-            scale: 1.0 / (d as f32).sqrt(),
+            scale: shape.scale,
             first_pos,
             query_start: seq.query_start,
             max_keys: first_pos + (tile.rows.end - 1 - seq.query_start) + 1,

@@ -28,6 +28,7 @@ fn shape(num_heads: usize, num_kv_heads: usize, head_dim: usize) -> AttnShape {
         head_dim,
         block_size: 16,
         window: None,
+        scale: AttnShape::default_scale(head_dim),
     }
 }
 
@@ -92,7 +93,7 @@ fn reference(sh: AttnShape, seq: &Seq, len: usize, q: &[f32]) -> Vec<f64> {
                         .zip(k)
                         .map(|(&a, &b)| a as f64 * b as f64)
                         .sum::<f64>()
-                        / (d as f64).sqrt()
+                        * sh.scale as f64
                 })
                 .collect();
             let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -213,6 +214,26 @@ fn sliding_window_matches_reference() {
     }
 }
 
+/// A score scale other than `1/√head_dim` (Gemma's `query_pre_attn_scalar`), on the AVX2 path
+/// (d 64) and the portable one (d 36), with and without a window.
+#[test]
+fn custom_scale_matches_reference() {
+    let mut rng = ChaCha8Rng::seed_from_u64(37);
+    let pool = ThreadPool::new(2);
+    for (d, window, scale) in [
+        (64, None, 0.3),
+        (64, Some(9), 0.05),
+        (36, None, 0.41),
+        (36, Some(20), 0.2),
+    ] {
+        let mut sh = shape(4, 2, d);
+        sh.window = window;
+        sh.scale = scale;
+        assert_ne!(scale, AttnShape::default_scale(d));
+        assert_batch_matches_reference(&mut rng, &pool, sh, &[3, 64, 131], &[3, 1, 17]);
+    }
+}
+
 #[test]
 fn sliding_window_never_uses_keys_before_it() {
     let mut rng = ChaCha8Rng::seed_from_u64(31);
@@ -313,7 +334,7 @@ fn per_key_ops(sh: AttnShape, cache: &Cache, seq: &Seq, len: usize, q: &[f32]) -
             let off = (h / (sh.num_heads / sh.num_kv_heads)) * d;
             let qv = &q[r * q_dim + h * d..][..d];
             let mut s: Vec<f32> = (0..=pos)
-                .map(|p| f16::dot_avx2(qv, &key(p, off)) * (1.0 / (d as f32).sqrt()))
+                .map(|p| f16::dot_avx2(qv, &key(p, off)) * sh.scale)
                 .collect();
             vigil_kernels::attention::softmax_dispatched(&mut s);
             let o = &mut out[r * q_dim + h * d..][..d];
@@ -373,6 +394,7 @@ fn simd_path_equals_per_key_ops_on_ragged_shapes() {
             head_dim: d,
             block_size,
             window: None,
+            scale: AttnShape::default_scale(d),
         };
         let q_dim = heads * d;
         let lens: Vec<usize> = (0..3).map(|_| rng.random_range(1..230)).collect();

@@ -1,6 +1,7 @@
 //! The decoder's hyper-parameters. Llama, Qwen3, Qwen3-MoE and Gemma 3 are one decoder; what
 //! differs between them is data here (per-head q/k norms, routed experts, RoPE style and
-//! scaling, sliding-window layers, norms around the blocks, the MLP's activation).
+//! scaling, sliding-window layers, norms around the blocks, the MLP's activation, the attention
+//! scale).
 
 /// The architecture family, as named by HF `model_type` / GGUF `general.architecture`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +92,9 @@ pub struct ModelConfig {
     /// `post_attention_norm` / `post_feedforward_layernorm`).
     pub post_norms: bool,
     pub activation: Activation,
+    /// Attention scores are scaled by `1/√query_pre_attn_scalar` (HF Gemma's key); `None`:
+    /// by `1/√head_dim`.
+    pub query_pre_attn_scalar: Option<f32>,
 }
 
 impl ModelConfig {
@@ -100,6 +104,14 @@ impl ModelConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// The factor of the attention scores `q · k`.
+    pub fn attn_scale(&self) -> f32 {
+        match self.query_pre_attn_scalar {
+            Some(s) => 1.0 / s.sqrt(),
+            None => vigil_kernels::attention::AttnShape::default_scale(self.head_dim),
+        }
     }
 
     /// Layer `i`'s attention window: `Some` on a local (sliding-window) layer.

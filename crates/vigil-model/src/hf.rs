@@ -3,9 +3,12 @@
 //! [`SafetensorsStore`] (re-exported here so one module covers an HF directory).
 //!
 //! Both key styles found in the wild are accepted: transformers 4.x (`rope_theta`,
-//! `rope_scaling`, `num_experts`) and 5.x (`rope_parameters`, `num_local_experts`).
+//! `rope_scaling`, `num_experts`; Gemma 3's `rope_local_base_freq`, `sliding_window_pattern`)
+//! and 5.x (`rope_parameters`, per layer type for Gemma 3; `num_local_experts`; `layer_types`).
 
-use crate::config::{Arch, Llama3RopeScaling, ModelConfig, MoeConfig, RopeStyle};
+use crate::config::{
+    Activation, Arch, Llama3RopeScaling, LocalAttention, ModelConfig, MoeConfig, RopeStyle,
+};
 use crate::error::ModelError;
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -63,14 +66,16 @@ pub fn parse_hf_config(path: &Path, json: &Map<String, Value>) -> Result<ModelCo
         "llama" => Arch::Llama,
         "qwen3" => Arch::Qwen3,
         "qwen3_moe" => Arch::Qwen3Moe,
+        "gemma3_text" => Arch::Gemma3,
         other => {
             return Err(ModelError::unsupported(
                 path,
-                format!("model_type \"{other}\" (supported: llama, qwen3, qwen3_moe)"),
+                format!("model_type \"{other}\" (supported: llama, qwen3, qwen3_moe, gemma3_text; for Gemma 3 only the text-only Gemma3ForCausalLM)"),
             ))
         }
     };
-    f.reject_unsupported_features()?;
+    let gemma = arch == Arch::Gemma3;
+    f.reject_unsupported_features(arch)?;
 
     let hidden_size = f.positive("hidden_size")?;
     let num_heads = f.positive("num_attention_heads")?;
@@ -83,6 +88,8 @@ pub fn parse_hf_config(path: &Path, json: &Map<String, Value>) -> Result<ModelCo
     }
     let head_dim = match f.opt_usize("head_dim")? {
         Some(d) => d,
+        // Gemma3TextConfig's default.
+        None if gemma => 256,
         None if hidden_size % num_heads == 0 => hidden_size / num_heads,
         None => {
             return Err(ModelError::format(
@@ -102,6 +109,30 @@ pub fn parse_hf_config(path: &Path, json: &Map<String, Value>) -> Result<ModelCo
         Arch::Qwen3Moe => f.moe(num_layers)?,
         Arch::Llama | Arch::Qwen3 | Arch::Gemma3 => None,
     };
+    // Gemma 3: sliding-window layers with a RoPE base of their own, no RoPE scaling.
+    let (rope_theta, rope_scaling, local_attention) = if gemma {
+        let (global_theta, local_theta) = f.gemma3_rope_thetas()?;
+        let local = f
+            .gemma3_local_layers(num_layers)?
+            .map(|(window, pattern)| LocalAttention {
+                window,
+                pattern,
+                rope_theta: local_theta,
+            });
+        (global_theta, None, local)
+    } else {
+        (f.rope_theta()?, f.rope_scaling()?, None)
+    };
+    let query_pre_attn_scalar = if gemma {
+        // Gemma3TextConfig's default.
+        let s = f.opt_f32("query_pre_attn_scalar")?.unwrap_or(256.0);
+        if s <= 0.0 {
+            return Err(f.err("query_pre_attn_scalar", "must be positive"));
+        }
+        Some(s)
+    } else {
+        None
+    };
 
     Ok(ModelConfig {
         arch,
@@ -114,22 +145,31 @@ pub fn parse_hf_config(path: &Path, json: &Map<String, Value>) -> Result<ModelCo
         head_dim,
         // HF's defaults when the key is absent.
         rms_norm_eps: f.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
-        rope_theta: f.rope_theta()?,
+        rope_theta,
         rope_style: RopeStyle::Neox,
-        rope_scaling: f.rope_scaling()?,
+        rope_scaling,
         max_position_embeddings: f
             .opt_usize("max_position_embeddings")?
             .unwrap_or(match arch {
                 Arch::Llama => 2048,
-                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => 32768,
+                Arch::Qwen3 | Arch::Qwen3Moe => 32768,
+                Arch::Gemma3 => 131_072,
             }),
-        tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
+        // Gemma ties by default; the others do not.
+        tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(gemma),
+        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3),
         moe,
-        local_attention: None,
-        scale_embeddings: false,
-        post_norms: false,
-        activation: Default::default(),
+        local_attention,
+        // Gemma: embeddings × √hidden, norms after attention and MLP, GeGLU. (Its norm weights
+        // are used as `1 + w`: the HF tensor source adds the 1.)
+        scale_embeddings: gemma,
+        post_norms: gemma,
+        activation: if gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        },
+        query_pre_attn_scalar,
     })
 }
 
@@ -247,21 +287,137 @@ impl<'a> Fields<'a> {
     }
 
     /// Options that change the math of the decoder Vigil runs; refuse rather than run wrongly.
-    fn reject_unsupported_features(&self) -> Result<(), ModelError> {
-        for key in ["attention_bias", "mlp_bias", "use_sliding_window"] {
+    fn reject_unsupported_features(&self, arch: Arch) -> Result<(), ModelError> {
+        for key in [
+            "attention_bias",
+            "mlp_bias",
+            "use_sliding_window",
+            "use_bidirectional_attention",
+        ] {
             if self.opt_bool(key)? == Some(true) {
                 return Err(ModelError::unsupported(self.path, format!("{key}: true")));
             }
         }
-        if let Some(act) = self.get("hidden_act") {
-            if act.as_str() != Some("silu") {
+        // Gemma 2's tanh capping of scores / logits (Gemma 3 sets neither).
+        for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
+            if let Some(v) = self.get(key) {
                 return Err(ModelError::unsupported(
                     self.path,
-                    format!("hidden_act {act} (only \"silu\")"),
+                    format!("{key} {v} (logit soft-capping is not implemented; only null)"),
+                ));
+            }
+        }
+        // HF Gemma reads its activation from `hidden_activation` (and ignores `hidden_act`).
+        let (key, only) = match arch {
+            Arch::Gemma3 => ("hidden_activation", "gelu_pytorch_tanh"),
+            Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => ("hidden_act", "silu"),
+        };
+        if let Some(act) = self.get(key) {
+            if act.as_str() != Some(only) {
+                return Err(ModelError::unsupported(
+                    self.path,
+                    format!("{key} {act} (only \"{only}\")"),
                 ));
             }
         }
         Ok(())
+    }
+
+    /// Gemma 3's RoPE bases (global layers, sliding layers): `rope_parameters.full_attention`
+    /// and `.sliding_attention` (5.x), or `rope_theta` and `rope_local_base_freq` (4.x), with
+    /// Gemma3TextConfig's defaults 1e6 and 1e4. Only the default RoPE type is supported.
+    fn gemma3_rope_thetas(&self) -> Result<(f32, f32), ModelError> {
+        let mut global = self.opt_f32("rope_theta")?;
+        let mut local = self.opt_f32("rope_local_base_freq")?;
+        let check_type = |key: &str, params: &Fields| -> Result<(), ModelError> {
+            match params.get("rope_type").or_else(|| params.get("type")) {
+                None => Ok(()),
+                Some(Value::String(t)) if t == "default" => Ok(()),
+                Some(Value::String(t)) => Err(ModelError::unsupported(
+                    self.path,
+                    format!("{key} type \"{t}\" (Gemma 3: only default)"),
+                )),
+                Some(v) => Err(self.wrong_type(&format!("{key}.rope_type"), "a string", v)),
+            }
+        };
+        if let Some(scaling) = self.opt_object("rope_scaling")? {
+            check_type("rope_scaling", &scaling)?;
+        }
+        if let Some(params) = self.opt_object("rope_parameters")? {
+            for (layer_type, theta) in [
+                ("full_attention", &mut global),
+                ("sliding_attention", &mut local),
+            ] {
+                let key = format!("rope_parameters.{layer_type}");
+                let Some(p) = params.opt_object(layer_type)? else {
+                    return Err(
+                        self.err(&key, "missing (Gemma 3 has RoPE parameters per layer type)")
+                    );
+                };
+                check_type(&key, &p)?;
+                if let Some(t) = p.opt_f32("rope_theta")? {
+                    *theta = Some(t);
+                }
+            }
+        }
+        Ok((global.unwrap_or(1_000_000.0), local.unwrap_or(10_000.0)))
+    }
+
+    /// Gemma 3's sliding-window layers as (window, pattern): `layer_types` (each
+    /// `"sliding_attention"` or `"full_attention"`), else every `sliding_window_pattern`-th
+    /// layer (default 6) global, as Gemma3TextConfig builds them; `None` when no layer slides.
+    /// Vigil runs periodic patterns (layer `i` global iff `(i + 1) % pattern == 0`) only.
+    fn gemma3_local_layers(&self, num_layers: usize) -> Result<Option<(usize, usize)>, ModelError> {
+        let sliding: Vec<bool> = match self.get("layer_types") {
+            Some(Value::Array(types)) => {
+                if types.len() != num_layers {
+                    return Err(self.err(
+                        "layer_types",
+                        &format!("{} entries for {num_layers} layers", types.len()),
+                    ));
+                }
+                types
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        Some("sliding_attention") => Ok(true),
+                        Some("full_attention") => Ok(false),
+                        _ => Err(ModelError::unsupported(
+                            self.path,
+                            format!("layer_types entry {t} (supported: \"sliding_attention\", \"full_attention\")"),
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            Some(v) => return Err(self.wrong_type("layer_types", "a list of layer types", v)),
+            None => {
+                let pattern = match self.opt_usize("sliding_window_pattern")? {
+                    Some(0) => return Err(self.err("sliding_window_pattern", "must be positive")),
+                    p => p.unwrap_or(6),
+                };
+                (0..num_layers).map(|i| (i + 1) % pattern != 0).collect()
+            }
+        };
+        if !sliding.contains(&true) {
+            return Ok(None);
+        }
+        // 0: every layer slides (`ModelConfig::layer_window`).
+        let pattern = sliding.iter().position(|s| !s).map_or(0, |i| i + 1);
+        let periodic = sliding
+            .iter()
+            .enumerate()
+            .all(|(i, &s)| s == (pattern == 0 || (i + 1) % pattern != 0));
+        if !periodic {
+            let full: Vec<usize> = (0..num_layers).filter(|&i| !sliding[i]).collect();
+            return Err(ModelError::unsupported(
+                self.path,
+                format!("layer_types with full_attention at layers {full:?} (supported: every n-th layer, the others sliding_attention)"),
+            ));
+        }
+        let window = self.opt_usize("sliding_window")?.unwrap_or(4096);
+        if window == 0 {
+            return Err(self.err("sliding_window", "must be positive"));
+        }
+        Ok(Some((window, pattern)))
     }
 
     /// `rope_theta` at top level (4.x) or inside `rope_parameters` (5.x); HF default 10000.

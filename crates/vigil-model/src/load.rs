@@ -62,6 +62,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let source = crate::source_hf::HfSource {
             store: &store,
             dir: path,
+            arch: config.arch,
         };
         let weights = build_weights(&config, &source, opts.quantize)?;
         (config, weights, Tokenizer::from_hf_dir(path)?)

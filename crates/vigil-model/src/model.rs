@@ -137,6 +137,7 @@ impl Model {
             head_dim: c.head_dim,
             block_size: kv.block_size,
             window: None,
+            scale: c.attn_scale(),
         };
         let interleaved = c.rope_style == RopeStyle::Interleaved;
 

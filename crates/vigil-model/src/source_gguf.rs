@@ -183,6 +183,9 @@ pub fn gguf_config(f: &GgufFile) -> Result<ModelConfig> {
         } else {
             Activation::Silu
         },
+        // 1/√head_dim. (llama.cpp uses 1/√(hidden/heads) for the 62-layer Gemma 3 27B, whose HF
+        // query_pre_attn_scalar is that; the file does not say, and Vigil does not guess it.)
+        query_pre_attn_scalar: None,
     })
 }
 

@@ -1,5 +1,6 @@
 //! HF safetensors as a `TensorSource`: `model.layers.N.*` names (experts per index).
 
+use crate::config::Arch;
 use crate::error::Result;
 use crate::loader::{Part, TensorSource};
 use crate::safetensors_store::SafetensorsStore;
@@ -9,9 +10,12 @@ use vigil_kernels::QMatrix;
 pub struct HfSource<'a> {
     pub store: &'a SafetensorsStore,
     pub dir: &'a Path,
+    /// Gemma names its norms differently and stores their weights as `w` for `x · (1 + w)`.
+    pub arch: Arch,
 }
 
-fn part_name(part: Part) -> &'static str {
+fn part_name(arch: Arch, part: Part) -> &'static str {
+    let gemma = arch == Arch::Gemma3;
     match part {
         Part::AttnNorm => "input_layernorm",
         Part::Q => "self_attn.q_proj",
@@ -20,8 +24,9 @@ fn part_name(part: Part) -> &'static str {
         Part::O => "self_attn.o_proj",
         Part::QNorm => "self_attn.q_norm",
         Part::KNorm => "self_attn.k_norm",
+        // Gemma's `post_attention_layernorm` normalizes the attention output (PostAttnNorm).
+        Part::FfnNorm if gemma => "pre_feedforward_layernorm",
         Part::FfnNorm => "post_attention_layernorm",
-        // Gemma's (HF Gemma is not loaded yet: its FFN norm is `pre_feedforward_layernorm`).
         Part::PostAttnNorm => "post_attention_layernorm",
         Part::PostFfnNorm => "post_feedforward_layernorm",
         Part::Gate => "mlp.gate_proj",
@@ -31,8 +36,20 @@ fn part_name(part: Part) -> &'static str {
     }
 }
 
-fn layer_name(layer: usize, part: Part) -> String {
-    format!("model.layers.{layer}.{}.weight", part_name(part))
+impl HfSource<'_> {
+    fn layer_name(&self, layer: usize, part: Part) -> String {
+        format!("model.layers.{layer}.{}.weight", part_name(self.arch, part))
+    }
+
+    /// An RMSNorm weight as the multiplier the kernels apply: HF Gemma's `Gemma3RMSNorm`
+    /// computes `x · (1 + w)` (in f32) from the stored `w` (GGUF converters add the 1).
+    fn norm(&self, name: &str) -> Result<Vec<f32>> {
+        let mut w = self.store.tensor(name)?.to_f32_vec();
+        if self.arch == Arch::Gemma3 {
+            w.iter_mut().for_each(|x| *x += 1.0);
+        }
+        Ok(w)
+    }
 }
 
 impl TensorSource for HfSource<'_> {
@@ -40,13 +57,16 @@ impl TensorSource for HfSource<'_> {
         self.dir
     }
     fn layer_matrix(&self, layer: usize, part: Part) -> Result<QMatrix> {
-        self.store.tensor(&layer_name(layer, part))?.to_matrix()
+        self.store
+            .tensor(&self.layer_name(layer, part))?
+            .to_matrix()
     }
+    /// Every per-layer vector is a norm weight.
     fn layer_vector(&self, layer: usize, part: Part) -> Result<Vec<f32>> {
-        Ok(self.store.tensor(&layer_name(layer, part))?.to_f32_vec())
+        self.norm(&self.layer_name(layer, part))
     }
     fn expert_matrix(&self, layer: usize, e: usize, part: Part) -> Result<QMatrix> {
-        let proj = part_name(part).trim_start_matches("mlp.");
+        let proj = part_name(self.arch, part).trim_start_matches("mlp.");
         self.store
             .tensor(&format!(
                 "model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
@@ -57,7 +77,7 @@ impl TensorSource for HfSource<'_> {
         self.store.tensor("model.embed_tokens.weight")?.to_matrix()
     }
     fn output_norm(&self) -> Result<Vec<f32>> {
-        Ok(self.store.tensor("model.norm.weight")?.to_f32_vec())
+        self.norm("model.norm.weight")
     }
     fn output(&self) -> Result<Option<QMatrix>> {
         if self.store.contains("lm_head.weight") {

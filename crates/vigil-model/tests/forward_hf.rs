@@ -1,6 +1,7 @@
 //! The decoder against HF transformers: tiny random-weight Llama (sharded, llama3 RoPE, tied),
-//! Qwen3 (q/k norms, head_dim ≠ hidden/heads) and Qwen3-MoE checkpoints, logits at every
-//! position of three prompts, run through the paged KV cache.
+//! Qwen3 (q/k norms, head_dim ≠ hidden/heads), Qwen3-MoE and Gemma 3 (sliding-window layers
+//! shorter than the prompts, two RoPE bases, `query_pre_attn_scalar`, `1 + w` norms)
+//! checkpoints, logits at every position of three prompts, run through the paged KV cache.
 
 use std::path::{Path, PathBuf};
 use vigil_model::kv_cache::{KvCache, KvDtype};
@@ -57,8 +58,9 @@ fn references(name: &str) -> Vec<(Vec<u32>, Vec<f32>)> {
         .collect()
 }
 
-/// All positions of one prompt in one step, logits at every row.
-fn run_prompt(model: &mut Model, ids: &[u32], kv_dtype: KvDtype) -> Vec<f32> {
+/// One prompt in steps of `chunk` tokens (all of it: one step) through the same paged KV
+/// cache (later steps attend to keys earlier steps wrote), logits at every row.
+fn run_prompt_chunked(model: &mut Model, ids: &[u32], kv_dtype: KvDtype, chunk: usize) -> Vec<f32> {
     let block_size = 4;
     let num_blocks = ids.len().div_ceil(block_size);
     let mut kv = KvCache::new(
@@ -70,20 +72,25 @@ fn run_prompt(model: &mut Model, ids: &[u32], kv_dtype: KvDtype) -> Vec<f32> {
     );
     // Blocks in reverse order so a paging bug cannot hide behind an identity layout.
     let table: Vec<u32> = (0..num_blocks as u32).rev().collect();
-    let input = StepInput {
-        token_ids: ids.to_vec(),
-        positions: (0..ids.len() as u32).collect(),
-        seqs: vec![SeqInput {
-            query_len: ids.len(),
-            context_len: ids.len(),
-            block_table: table.clone(),
-        }],
-        slot_mapping: (0..ids.len())
-            .map(|p| table[p / block_size] * block_size as u32 + (p % block_size) as u32)
-            .collect(),
-        sample_rows: (0..ids.len()).collect(),
-    };
-    model.forward(&input, &mut kv).to_vec()
+    let mut logits = Vec::with_capacity(ids.len() * model.config.vocab_size);
+    for start in (0..ids.len()).step_by(chunk) {
+        let end = (start + chunk).min(ids.len());
+        let input = StepInput {
+            token_ids: ids[start..end].to_vec(),
+            positions: (start as u32..end as u32).collect(),
+            seqs: vec![SeqInput {
+                query_len: end - start,
+                context_len: end,
+                block_table: table.clone(),
+            }],
+            slot_mapping: (start..end)
+                .map(|p| table[p / block_size] * block_size as u32 + (p % block_size) as u32)
+                .collect(),
+            sample_rows: (0..end - start).collect(),
+        };
+        logits.extend_from_slice(model.forward(&input, &mut kv));
+    }
+    logits
 }
 
 fn max_abs(v: &[f32]) -> f32 {
@@ -91,16 +98,30 @@ fn max_abs(v: &[f32]) -> f32 {
 }
 
 fn check(name: &str, quant: LoadQuantization, kv: KvDtype, rel_tol: f32) {
+    check_chunked(name, quant, kv, rel_tol, None);
+}
+
+/// `check`, each prompt fed `chunk` tokens per step when given (else whole).
+fn check_chunked(
+    name: &str,
+    quant: LoadQuantization,
+    kv: KvDtype,
+    rel_tol: f32,
+    chunk: Option<usize>,
+) {
     let mut model = load_tiny(name, quant);
     for (i, (ids, reference)) in references(name).iter().enumerate() {
-        let got = run_prompt(&mut model, ids, kv);
+        let got = run_prompt_chunked(&mut model, ids, kv, chunk.unwrap_or(ids.len()));
         assert_eq!(got.len(), reference.len());
         let err = got
             .iter()
             .zip(reference)
             .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         let bound = rel_tol * max_abs(reference);
-        println!("{name} prompt {i}: max |Δlogit| = {err:.3e} (bound {bound:.3e})");
+        println!(
+            "{name} prompt {i} ({} tokens, chunk {chunk:?}): max |Δlogit| = {err:.3e} (bound {bound:.3e})",
+            ids.len()
+        );
         assert!(
             err <= bound,
             "{name} prompt {i}: max |Δlogit| {err} > {bound}"
@@ -121,6 +142,35 @@ fn qwen3_f32_matches_transformers() {
 #[test]
 fn qwen3_moe_f32_matches_transformers() {
     check("qwen3_moe", LoadQuantization::AsStored, KvDtype::F32, 1e-3);
+}
+
+/// Gemma 3: every prompt (27-41 tokens) is several times the sliding window (8) of layers 0-2;
+/// layer 3 is global. Whole prompts, then chunks of 5 and single tokens (decode steps), so
+/// windows start inside earlier steps' KV blocks.
+#[test]
+fn gemma3_f32_matches_transformers() {
+    let window = load_tiny("gemma3", LoadQuantization::AsStored)
+        .config
+        .layer_window(0)
+        .unwrap();
+    for (ids, _) in references("gemma3") {
+        assert!(ids.len() > 3 * window, "{} tokens", ids.len());
+    }
+    check("gemma3", LoadQuantization::AsStored, KvDtype::F32, 1e-3);
+    check_chunked(
+        "gemma3",
+        LoadQuantization::AsStored,
+        KvDtype::F32,
+        1e-3,
+        Some(5),
+    );
+    check_chunked(
+        "gemma3",
+        LoadQuantization::AsStored,
+        KvDtype::F32,
+        1e-3,
+        Some(1),
+    );
 }
 
 /// BF16 weights: the references were computed in f32 from the same bf16-rounded weights.

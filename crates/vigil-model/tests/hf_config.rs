@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use vigil_model::config::{Llama3RopeScaling, MoeConfig, RopeStyle};
+use vigil_model::config::{Activation, Llama3RopeScaling, LocalAttention, MoeConfig, RopeStyle};
 use vigil_model::hf::{load_generation_config, load_hf_config, GenerationConfig, SafetensorsStore};
 use vigil_model::{Arch, ModelConfig, ModelError};
 
@@ -59,6 +59,7 @@ fn llama_expected() -> ModelConfig {
         scale_embeddings: false,
         post_norms: false,
         activation: Default::default(),
+        query_pre_attn_scalar: None,
     }
 }
 
@@ -84,6 +85,7 @@ fn qwen3_expected() -> ModelConfig {
         scale_embeddings: false,
         post_norms: false,
         activation: Default::default(),
+        query_pre_attn_scalar: None,
     }
 }
 
@@ -127,10 +129,198 @@ fn qwen3_moe_fixture_config() {
     assert!(cfg.is_sparse_layer(1));
 }
 
+fn gemma3_expected() -> ModelConfig {
+    ModelConfig {
+        arch: Arch::Gemma3,
+        vocab_size: 384,
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_layers: 4,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 16,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_style: RopeStyle::Neox,
+        rope_scaling: None,
+        max_position_embeddings: 128,
+        tie_word_embeddings: true,
+        qk_norm: true,
+        moe: None,
+        // layer_types: three sliding layers, then a full one.
+        local_attention: Some(LocalAttention {
+            window: 8,
+            pattern: 4,
+            rope_theta: 10_000.0,
+        }),
+        scale_embeddings: true,
+        post_norms: true,
+        activation: Activation::GeluTanh,
+        query_pre_attn_scalar: Some(24.0),
+    }
+}
+
+#[test]
+fn gemma3_fixture_config() {
+    let cfg = load_hf_config(&fixture("gemma3")).unwrap();
+    assert_eq!(cfg, gemma3_expected());
+    let windows: Vec<_> = (0..4).map(|i| cfg.layer_window(i)).collect();
+    assert_eq!(windows, [Some(8), Some(8), Some(8), None]);
+    assert_eq!(cfg.attn_scale(), 1.0 / 24f32.sqrt());
+}
+
+/// The same Gemma 3 config in the other key styles: transformers 5 (`rope_parameters` per
+/// layer type, as `save_pretrained` writes it) and early Hub configs (`sliding_window_pattern`
+/// without `layer_types`).
+#[test]
+fn gemma3_v5_and_pattern_keys() {
+    let hub = read_json(&fixture("gemma3/config.json"));
+
+    let mut v5 = hub.clone();
+    let obj = v5.as_object_mut().unwrap();
+    for key in [
+        "rope_theta",
+        "rope_local_base_freq",
+        "rope_scaling",
+        "torch_dtype",
+    ] {
+        obj.remove(key);
+    }
+    obj.insert("dtype".into(), json!("float32"));
+    obj.insert(
+        "rope_parameters".into(),
+        json!({
+            "full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
+        }),
+    );
+    // transformers 5 writes its default pattern beside the layer types; layer_types wins.
+    obj.insert("_sliding_window_pattern".into(), json!(6));
+    assert_eq!(
+        load_json_config("gemma3_v5", &v5).unwrap(),
+        gemma3_expected()
+    );
+
+    let mut old = hub.clone();
+    let obj = old.as_object_mut().unwrap();
+    obj.remove("layer_types");
+    obj.remove("_sliding_window_pattern");
+    obj.insert("sliding_window_pattern".into(), json!(4));
+    assert_eq!(
+        load_json_config("gemma3_pattern", &old).unwrap(),
+        gemma3_expected()
+    );
+
+    // Pattern 2 over 4 layers: layers 1 and 3 global.
+    old["sliding_window_pattern"] = json!(2);
+    let cfg = load_json_config("gemma3_pattern2", &old).unwrap();
+    let windows: Vec<_> = (0..4).map(|i| cfg.layer_window(i)).collect();
+    assert_eq!(windows, [Some(8), None, Some(8), None]);
+
+    // No sliding layer: plain global attention with one RoPE base.
+    let mut global = hub.clone();
+    global["layer_types"] = json!(vec!["full_attention"; 4]);
+    let cfg = load_json_config("gemma3_global", &global).unwrap();
+    assert_eq!(cfg.local_attention, None);
+    assert_eq!(cfg.rope_theta, 1_000_000.0);
+
+    // Gemma3TextConfig's defaults.
+    let mut defaults = hub.clone();
+    let obj = defaults.as_object_mut().unwrap();
+    for key in [
+        "head_dim",
+        "query_pre_attn_scalar",
+        "rope_theta",
+        "rope_local_base_freq",
+        "tie_word_embeddings",
+        "sliding_window",
+    ] {
+        obj.remove(key);
+    }
+    let cfg = load_json_config("gemma3_defaults", &defaults).unwrap();
+    assert_eq!(cfg.head_dim, 256);
+    assert_eq!(cfg.query_pre_attn_scalar, Some(256.0));
+    assert_eq!(cfg.rope_theta, 1_000_000.0);
+    assert_eq!(cfg.local_attention.unwrap().rope_theta, 10_000.0);
+    assert_eq!(cfg.local_attention.unwrap().window, 4096);
+    assert!(cfg.tie_word_embeddings);
+}
+
+/// What this decoder does not compute is refused by name, never ignored.
+#[test]
+fn gemma3_unsupported_options_are_refused() {
+    let hub = read_json(&fixture("gemma3/config.json"));
+    let with = |key: &str, v: Value| {
+        let mut c = hub.clone();
+        c[key] = v;
+        c
+    };
+    expect_unsupported(
+        load_json_config("g_final_cap", &with("final_logit_softcapping", json!(30.0))),
+        &["final_logit_softcapping", "30"],
+    );
+    expect_unsupported(
+        load_json_config("g_attn_cap", &with("attn_logit_softcapping", json!(50.0))),
+        &["attn_logit_softcapping", "50"],
+    );
+    expect_unsupported(
+        load_json_config("g_act", &with("hidden_activation", json!("gelu"))),
+        &["hidden_activation", "gelu"],
+    );
+    expect_unsupported(
+        load_json_config("g_bidi", &with("use_bidirectional_attention", json!(true))),
+        &["use_bidirectional_attention"],
+    );
+    expect_unsupported(
+        load_json_config(
+            "g_linear",
+            &with(
+                "rope_scaling",
+                json!({"rope_type": "linear", "factor": 8.0}),
+            ),
+        ),
+        &["rope_scaling", "linear"],
+    );
+    expect_unsupported(
+        load_json_config(
+            "g_layers",
+            &with(
+                "layer_types",
+                json!([
+                    "full_attention",
+                    "sliding_attention",
+                    "sliding_attention",
+                    "full_attention"
+                ]),
+            ),
+        ),
+        &["layer_types", "[0, 3]"],
+    );
+    // The multimodal Gemma 3 config (text under `text_config`) is not the text-only one.
+    expect_unsupported(
+        load_json_config("g_mm", &with("model_type", json!("gemma3"))),
+        &["model_type", "gemma3_text"],
+    );
+    expect_format(
+        load_json_config(
+            "g_types_len",
+            &with("layer_types", json!(["full_attention"])),
+        ),
+        &["layer_types", "1 entries for 4 layers"],
+    );
+}
+
 /// The parsed dimensions are the ones the weights were saved with.
 #[test]
 fn fixture_configs_agree_with_tensor_shapes() {
-    for name in ["llama", "qwen3", "qwen3_moe", "llama_bf16", "qwen3_bf16"] {
+    for name in [
+        "llama",
+        "qwen3",
+        "qwen3_moe",
+        "llama_bf16",
+        "qwen3_bf16",
+        "gemma3",
+    ] {
         let dir = fixture(name);
         let cfg = load_hf_config(&dir).unwrap();
         let store = SafetensorsStore::open(&dir).unwrap();
@@ -161,6 +351,11 @@ fn fixture_configs_agree_with_tensor_shapes() {
             assert_eq!(
                 store.contains(&format!("{p}.self_attn.q_norm.weight")),
                 cfg.qk_norm
+            );
+            assert_eq!(
+                store.contains(&format!("{p}.post_feedforward_layernorm.weight")),
+                cfg.post_norms,
+                "{name}"
             );
             match (&cfg.moe, cfg.is_sparse_layer(layer)) {
                 (Some(moe), true) => {
@@ -359,8 +554,14 @@ fn defaults_and_legacy_keys() {
 /// `ref.json` (made by the Python `tokenizers` library), so the logits references are usable.
 #[test]
 fn fixture_tokenizer_reproduces_the_reference_prompt_ids() {
-    let tok = tokenizers::Tokenizer::from_file(fixture("qwen3/tokenizer.json")).unwrap();
-    let reference = read_json(&fixture("qwen3/ref.json"));
+    for name in ["qwen3", "gemma3"] {
+        check_reference_prompt_ids(name);
+    }
+}
+
+fn check_reference_prompt_ids(name: &str) {
+    let tok = tokenizers::Tokenizer::from_file(fixture(&format!("{name}/tokenizer.json"))).unwrap();
+    let reference = read_json(&fixture(&format!("{name}/ref.json")));
     for prompt in reference["prompts"].as_array().unwrap() {
         let text = prompt["text"].as_str().unwrap();
         let want: Vec<u32> = prompt["ids"]

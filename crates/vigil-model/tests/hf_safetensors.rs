@@ -79,7 +79,7 @@ fn check_against_ref(name: &str) -> SafetensorsStore {
 
 #[test]
 fn single_file_checkpoints_match_python() {
-    for name in ["qwen3", "qwen3_moe"] {
+    for name in ["qwen3", "qwen3_moe", "gemma3"] {
         let store = check_against_ref(name);
         assert_eq!(store.files().count(), 1);
     }
