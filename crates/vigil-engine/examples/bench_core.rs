@@ -10,7 +10,11 @@
 //! `--depth D` adds llama-bench's `-d`: decode tokens/s of 64 tokens after a D-token prompt
 //! (`tg64@dD`), where attention over the held KV weighs on every step.
 //!
+//! `--tg N` sets the decode length after the 128-token prompt (default 128; 0 skips it, for
+//! profiling prefill alone).
+//!
 //! Usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048] [--depth D]
+//!        [--tg N]
 
 use std::time::Instant;
 use vigil_engine::engine::LlmEngine;
@@ -33,6 +37,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048] [--depth D]",
     )?;
     let depth: Option<usize> = arg(&args, "--depth").map(|v| v.parse()).transpose()?;
+    let tg: usize = arg(&args, "--tg").map_or(Ok(128), |v| v.parse())?;
+    if tg == 1 {
+        return Err("--tg must be 0 (no decode figure) or at least 2".into());
+    }
     let threads: usize = arg(&args, "--threads").map_or(Ok(2), |v| v.parse())?;
     let reps: usize = arg(&args, "--reps").map_or(Ok(5), |v| v.parse())?;
     let quantize = parse_quantize(arg(&args, "--quantize").as_deref())?;
@@ -130,8 +138,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let v: Vec<f64> = (0..reps).map(|_| run(random_prompt(n), 1).0).collect();
         report(&format!("pp{n}"), v);
     }
-    let v: Vec<f64> = (0..reps).map(|_| run(random_prompt(128), 128).1).collect();
-    report("tg128", v);
+    if tg > 0 {
+        let v: Vec<f64> = (0..reps).map(|_| run(random_prompt(128), tg).1).collect();
+        report(&format!("tg{tg}"), v);
+    }
     if let Some(d) = depth {
         let v: Vec<f64> = (0..reps).map(|_| run(random_prompt(d), 64).1).collect();
         report(&format!("tg64@d{d}"), v);

@@ -36,6 +36,7 @@ pub trait KvElem: Copy + Send + Sync + Default + 'static {
         d: usize,
         scale: f32,
         out: &[*mut f32],
+        wide: bool,
     );
     /// The AVX2 weighted value sums over this element type (`simd::weighted_sums`).
     ///
@@ -48,6 +49,7 @@ pub trait KvElem: Copy + Send + Sync + Default + 'static {
         v: &[Self],
         rows: &[usize],
         d: usize,
+        wide: bool,
     );
 }
 
@@ -61,9 +63,10 @@ macro_rules! forward_kernels {
             d: usize,
             scale: f32,
             out: &[*mut f32],
+            wide: bool,
         ) {
             // SAFETY: the caller upholds `simd::scores_t`'s contract.
-            unsafe { simd::scores_t(q, keys, stride, d, scale, out) }
+            unsafe { simd::scores_t(q, keys, stride, d, scale, out, wide) }
         }
         unsafe fn weighted_sums_avx2(
             out: &[*mut f32],
@@ -72,9 +75,10 @@ macro_rules! forward_kernels {
             v: &[Self],
             rows: &[usize],
             d: usize,
+            wide: bool,
         ) {
             // SAFETY: as above.
-            unsafe { simd::weighted_sums(out, w, n, v, rows, d) }
+            unsafe { simd::weighted_sums(out, w, n, v, rows, d, wide) }
         }
     };
 }
@@ -163,9 +167,10 @@ mod simd {
     /// Value rows fetched this many keys ahead.
     const VALUE_PREFETCH: usize = 4;
 
-    /// KV elements read 8 at a time as f32.
+    /// KV elements read 8 (AVX2) or 16 (AVX-512) at a time as f32.
     pub trait Load8: Copy {
         unsafe fn load8(p: *const Self) -> __m256;
+        unsafe fn load16(p: *const Self) -> __m512;
     }
 
     impl Load8 for f32 {
@@ -174,6 +179,11 @@ mod simd {
         unsafe fn load8(p: *const f32) -> __m256 {
             _mm256_loadu_ps(p)
         }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+        unsafe fn load16(p: *const f32) -> __m512 {
+            _mm512_loadu_ps(p)
+        }
     }
 
     impl Load8 for f16 {
@@ -181,6 +191,11 @@ mod simd {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn load8(p: *const f16) -> __m256 {
             _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+        unsafe fn load16(p: *const f16) -> __m512 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
         }
     }
 
@@ -237,15 +252,16 @@ mod simd {
         }
     }
 
-    /// Scores of queries `q` against vectors of 8 keys read from the cache: vector `w`'s
-    /// element `c` is at `keys[w].0 + c * stride` (8 keys of one KV head in a block, d-major)
-    /// and its 8 scores go to `out[i] + keys[w].1`: `(Σ_c q[i][c] · k[c]) * scale`, each sum
-    /// one FMA per `c` in order from 0 in one lane (`KvElem::dot_avx2`), whatever the other
-    /// queries.
+    /// Scores of queries `q` against vectors of 8 keys (16 with `wide`, AVX-512) read from
+    /// the cache: vector `w`'s element `c` is at `keys[w].0 + c * stride` (keys of one KV head
+    /// in a block, d-major) and its scores go to `out[i] + keys[w].1`: `(Σ_c q[i][c] · k[c]) *
+    /// scale`, each sum one FMA per `c` in order from 0 in one lane (`KvElem::dot_avx2`),
+    /// whatever the other queries or the vector width.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C; each `q[i]` readable for `d` floats, each `keys[w].0` for
-    /// `(d - 1) * stride + 8` elements, each `out[i] + keys[w].1` writable for 8 floats.
+    /// AVX2, FMA and F16C (and AVX-512 F with `wide`); each `q[i]` readable for `d` floats,
+    /// each `keys[w].0` for `(d - 1) * stride + L` elements, each `out[i] + keys[w].1`
+    /// writable for `L` floats (`L` = 8, or 16 with `wide`).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scores_t<E: Load8>(
         q: &[*const f32],
@@ -254,6 +270,7 @@ mod simd {
         d: usize,
         scale: f32,
         out: &[*mut f32],
+        wide: bool,
     ) {
         assert!(q.len() == out.len());
         if keys.is_empty() {
@@ -266,13 +283,19 @@ mod simd {
             let os: [*mut f32; 6] = std::array::from_fn(|i| out[last(i)]);
             // Enough independent accumulators to cover the FMA latency: 4 vectors of keys
             // for 1–2 queries, 2 for 3–6.
-            match q.len() - i0 {
-                1 => scores_micro::<E, 1, 4>(&qs, keys, stride, d, scale, &os),
-                2 => scores_micro::<E, 2, 4>(&qs, keys, stride, d, scale, &os),
-                3 => scores_micro::<E, 3, 2>(&qs, keys, stride, d, scale, &os),
-                4 => scores_micro::<E, 4, 2>(&qs, keys, stride, d, scale, &os),
-                5 => scores_micro::<E, 5, 2>(&qs, keys, stride, d, scale, &os),
-                _ => scores_micro::<E, 6, 2>(&qs, keys, stride, d, scale, &os),
+            match (wide, q.len() - i0) {
+                (false, 1) => scores_micro::<E, 1, 4>(&qs, keys, stride, d, scale, &os),
+                (false, 2) => scores_micro::<E, 2, 4>(&qs, keys, stride, d, scale, &os),
+                (false, 3) => scores_micro::<E, 3, 2>(&qs, keys, stride, d, scale, &os),
+                (false, 4) => scores_micro::<E, 4, 2>(&qs, keys, stride, d, scale, &os),
+                (false, 5) => scores_micro::<E, 5, 2>(&qs, keys, stride, d, scale, &os),
+                (false, _) => scores_micro::<E, 6, 2>(&qs, keys, stride, d, scale, &os),
+                (true, 1) => scores_micro16::<E, 1, 4>(&qs, keys, stride, d, scale, &os),
+                (true, 2) => scores_micro16::<E, 2, 4>(&qs, keys, stride, d, scale, &os),
+                (true, 3) => scores_micro16::<E, 3, 2>(&qs, keys, stride, d, scale, &os),
+                (true, 4) => scores_micro16::<E, 4, 2>(&qs, keys, stride, d, scale, &os),
+                (true, 5) => scores_micro16::<E, 5, 2>(&qs, keys, stride, d, scale, &os),
+                (true, _) => scores_micro16::<E, 6, 2>(&qs, keys, stride, d, scale, &os),
             }
             i0 += 6;
         }
@@ -321,13 +344,54 @@ mod simd {
         }
     }
 
+    /// `scores_micro` with 16-key vectors (AVX-512): each lane the same FMAs in the same
+    /// order, so the same bits.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn scores_micro16<E: Load8, const NQ: usize, const KW: usize>(
+        q: &[*const f32; 6],
+        keys: &[(*const E, usize)],
+        stride: usize,
+        d: usize,
+        scale: f32,
+        out: &[*mut f32; 6],
+    ) {
+        let sv = _mm512_set1_ps(scale);
+        for w0 in (0..keys.len()).step_by(KW) {
+            let group: [(*const E, usize); KW] =
+                std::array::from_fn(|w| keys[(w0 + w).min(keys.len() - 1)]);
+            let next: [*const E; KW] =
+                std::array::from_fn(|w| keys[(w0 + KW + w).min(keys.len() - 1)].0);
+            let mut acc = [[_mm512_setzero_ps(); KW]; NQ];
+            for c in 0..d {
+                for n in next {
+                    _mm_prefetch::<_MM_HINT_T0>(n.wrapping_add(c * stride).cast());
+                }
+                let kv: [__m512; KW] =
+                    std::array::from_fn(|w| E::load16(group[w].0.add(c * stride)));
+                for i in 0..NQ {
+                    let x = _mm512_set1_ps(*q[i].add(c));
+                    for w in 0..KW {
+                        acc[i][w] = _mm512_fmadd_ps(x, kv[w], acc[i][w]);
+                    }
+                }
+            }
+            for i in 0..NQ {
+                for w in 0..KW {
+                    _mm512_storeu_ps(out[i].add(group[w].1), _mm512_mul_ps(acc[i][w], sv));
+                }
+            }
+        }
+    }
+
     /// `out[i] += Σ_{j < n[i]} w[i][j] * v[rows[j]..][..d]` for up to 6 queries over value
     /// rows read from the cache: each output element one FMA per key in key order
     /// (`KvElem::axpy_avx2`), held in registers across the keys, whatever the other queries.
     ///
+    /// `wide`: 16-lane slices (AVX-512, `d % 16 == 0`), the same operations per element.
+    ///
     /// # Safety
-    /// AVX2, FMA and F16C; each `out[i]` writable for `d` floats, each `w[i]` readable for
-    /// `n[i]` (the other lengths are checked).
+    /// AVX2, FMA and F16C (and AVX-512 F with `wide`); each `out[i]` writable for `d` floats,
+    /// each `w[i]` readable for `n[i]` (the other lengths are checked).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn weighted_sums<E: Load8>(
         out: &[*mut f32],
@@ -336,9 +400,10 @@ mod simd {
         v: &[E],
         rows: &[usize],
         d: usize,
+        wide: bool,
     ) {
         let nq = out.len();
-        assert!(d.is_multiple_of(8) && w.len() == nq && n.len() == nq);
+        assert!(d.is_multiple_of(if wide { 16 } else { 8 }) && w.len() == nq && n.len() == nq);
         assert!(rows.len() >= n.iter().copied().max().unwrap_or(0));
         assert!(rows.iter().all(|&r| r + d <= v.len()));
         let v = (v.as_ptr(), rows.as_ptr());
@@ -349,12 +414,12 @@ mod simd {
             let ws: [*const f32; 6] = std::array::from_fn(|i| w[last(i)]);
             let ns: [usize; 6] = std::array::from_fn(|i| n[last(i)]);
             match nq - i0 {
-                1 => weighted_sums_group::<E, 1>(&os, &ws, &ns, v, d),
-                2 => weighted_sums_group::<E, 2>(&os, &ws, &ns, v, d),
-                3 => weighted_sums_group::<E, 3>(&os, &ws, &ns, v, d),
-                4 => weighted_sums_group::<E, 4>(&os, &ws, &ns, v, d),
-                5 => weighted_sums_group::<E, 5>(&os, &ws, &ns, v, d),
-                _ => weighted_sums_group::<E, 6>(&os, &ws, &ns, v, d),
+                1 => weighted_sums_group::<E, 1>(&os, &ws, &ns, v, d, wide),
+                2 => weighted_sums_group::<E, 2>(&os, &ws, &ns, v, d, wide),
+                3 => weighted_sums_group::<E, 3>(&os, &ws, &ns, v, d, wide),
+                4 => weighted_sums_group::<E, 4>(&os, &ws, &ns, v, d, wide),
+                5 => weighted_sums_group::<E, 5>(&os, &ws, &ns, v, d, wide),
+                _ => weighted_sums_group::<E, 6>(&os, &ws, &ns, v, d, wide),
             }
             i0 += 6;
         }
@@ -369,8 +434,25 @@ mod simd {
         n: &[usize; 6],
         v: (*const E, *const usize),
         d: usize,
+        avx512: bool,
     ) {
         let mut s = 0;
+        if avx512 {
+            // 16-wide slices; every output element gets the same FMAs in the same order.
+            let c = if NQ <= 2 { 4 } else { 2 };
+            while s + 16 * c <= d {
+                if c == 4 {
+                    weighted_sums_slice16::<E, NQ, 4>(out, w, n, v, s);
+                } else {
+                    weighted_sums_slice16::<E, NQ, 2>(out, w, n, v, s);
+                }
+                s += 16 * c;
+            }
+            while s + 16 <= d {
+                weighted_sums_slice16::<E, NQ, 1>(out, w, n, v, s);
+                s += 16;
+            }
+        }
         let wide = if NQ == 1 {
             8
         } else if NQ == 2 {
@@ -389,6 +471,52 @@ mod simd {
         while s < d {
             weighted_sums_slice::<E, NQ, 1>(out, w, n, v, s);
             s += 8;
+        }
+    }
+
+    /// `weighted_sums_slice` for elements `s..s + 16 * C` (AVX-512).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn weighted_sums_slice16<E: Load8, const NQ: usize, const C: usize>(
+        out: &[*mut f32; 6],
+        w: &[*const f32; 6],
+        n: &[usize; 6],
+        (v, rows): (*const E, *const usize),
+        s: usize,
+    ) {
+        let mut acc: [[__m512; C]; NQ] = std::array::from_fn(|i| {
+            std::array::from_fn(|c| _mm512_loadu_ps(out[i].add(s + 16 * c)))
+        });
+        let common = n[..NQ].iter().copied().min().unwrap_or(0);
+        let v = v.add(s);
+        for j in 0..common {
+            if j + VALUE_PREFETCH < common {
+                let ahead = v.add(*rows.add(j + VALUE_PREFETCH)).cast::<u8>();
+                for line in (0..16 * C * size_of::<E>()).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+                }
+            }
+            let r = v.add(*rows.add(j));
+            let y: [__m512; C] = std::array::from_fn(|c| E::load16(r.add(16 * c)));
+            for i in 0..NQ {
+                let wv = _mm512_set1_ps(*w[i].add(j));
+                for c in 0..C {
+                    acc[i][c] = _mm512_fmadd_ps(wv, y[c], acc[i][c]);
+                }
+            }
+        }
+        for i in 0..NQ {
+            for j in common..n[i] {
+                let wv = _mm512_set1_ps(*w[i].add(j));
+                let r = v.add(*rows.add(j));
+                for c in 0..C {
+                    acc[i][c] = _mm512_fmadd_ps(wv, E::load16(r.add(16 * c)), acc[i][c]);
+                }
+            }
+        }
+        for i in 0..NQ {
+            for c in 0..C {
+                _mm512_storeu_ps(out[i].add(s + 16 * c), acc[i][c]);
+            }
         }
     }
 
@@ -492,10 +620,12 @@ mod simd {
         d: usize,
         scale: f32,
         out: &[*mut f32],
+        wide: bool,
     ) {
+        let lanes = if wide { 16 } else { 8 };
         for (&qi, &oi) in q.iter().zip(out) {
             for &(k, pos) in keys {
-                for l in 0..8 {
+                for l in 0..lanes {
                     let mut acc = 0f32;
                     for c in 0..d {
                         acc = (*qi.add(c)).mul_add((*k.add(c * stride + l)).to_f32(), acc);
@@ -512,6 +642,7 @@ mod simd {
         v: &[E],
         rows: &[usize],
         d: usize,
+        _wide: bool,
     ) {
         for i in 0..out.len() {
             for j in 0..n[i] {
@@ -849,13 +980,18 @@ fn attend_tile_simd<'o, E: KvElem>(
         .iter()
         .map(|&(row, head)| q[row * q_dim + head * d..][..d].as_ptr())
         .collect();
-    // Every 8-key vector of the tile's blocks: where its element 0 is, and its first position.
+    // AVX-512 takes 16 keys (and 16 value elements) a vector where blocks and heads divide.
+    let wide = crate::cpu::features().has(crate::cpu::Isa::Avx512)
+        && bs.is_multiple_of(16)
+        && d.is_multiple_of(16);
+    let lanes = if wide { 16 } else { 8 };
+    // Every vector of keys of the tile's blocks: where its element 0 is, and its first position.
     let first_block = start / bs;
     let key_vectors: Vec<(*const E, usize)> = (first_block * bs..stride)
-        .step_by(8)
+        .step_by(lanes)
         .map(|p| {
             let at = g.key_col(p - p % bs) + p % bs;
-            assert!(at + (d - 1) * bs + 8 <= k_cache.len());
+            assert!(at + (d - 1) * bs + lanes <= k_cache.len());
             // SAFETY: in bounds, just checked.
             (unsafe { k_cache.as_ptr().add(at) }, p)
         })
@@ -875,7 +1011,7 @@ fn attend_tile_simd<'o, E: KvElem>(
         ptrs.extend((0..nq).map(|qi| unsafe { base.add(qi * stride) }));
         // SAFETY: `simd` was checked by the caller; `q_ptrs` rows have `d` elements; the key
         // vectors were bounds-checked above.
-        unsafe { E::scores_avx2(&q_ptrs, &key_vectors, bs, d, scale, &ptrs) };
+        unsafe { E::scores_avx2(&q_ptrs, &key_vectors, bs, d, scale, &ptrs, wide) };
         for (qi, &(row, _)) in queries.iter().enumerate() {
             let first = first_key(row);
             let s = &mut scores[qi * stride..qi * stride + num_keys(row)];
@@ -902,7 +1038,7 @@ fn attend_tile_simd<'o, E: KvElem>(
             weights.clear();
             weights.extend((0..nq).map(|qi| scores[qi * stride + p0..].as_ptr()));
             // SAFETY: as above; each output has `d` elements, each weight row `counts`.
-            unsafe { E::weighted_sums_avx2(&ptrs, &weights, &counts, v_cache, &rows, d) };
+            unsafe { E::weighted_sums_avx2(&ptrs, &weights, &counts, v_cache, &rows, d, wide) };
         }
     });
 }
