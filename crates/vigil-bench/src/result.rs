@@ -124,6 +124,10 @@ pub struct Sample {
     /// live-stream: stream entries the query covered (replay: re-sent; session: pushed so far).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_entries: Option<u32>,
+    /// live-stream cold query and replays: data tokens of the client's window the query
+    /// covered (cold: the window when it was sent; replay: the window it re-sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_tokens: Option<u32>,
     /// live-stream flash query: answered from the flash cache, and that answer's `lag`
     /// (versions behind the session) and `stale`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -106,6 +106,7 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
     };
     let mut eta = crate::estimate::Eta::new(&points, &opts.settings, ready.len());
     eprintln!("{}", eta.announce(opts.workload, &path));
+    let cold_windows = crate::live::ColdWindows::default();
     for r in &ready {
         let run = TargetRun {
             name: r.target.name.clone(),
@@ -125,6 +126,7 @@ pub async fn run(opts: &RunOptions, targets: &[Target]) -> Result<PathBuf, Bench
                 model: &r.model,
                 settings: &opts.settings,
                 name: &r.target.name,
+                cold_windows: &cold_windows,
             };
             let (record, measured) = crate::live::run_target(&ctx, &points).await?;
             if let Some(run) = file.targets.last_mut() {

@@ -449,6 +449,32 @@ fn check_live(file: &Value) {
         // shorter than a block).
         assert_eq!(num(&s["cached_tokens"], "cached"), 0.0, "{s}");
     }
+    // The replays re-send the windows the cold queries covered, in order (cycling: 3 cold
+    // windows with the warm-up, 4 replays), so both compare at the same held sizes.
+    assert_eq!(
+        live["replayed"],
+        format!(
+            "cold-query windows of {}",
+            t["name"].as_str().unwrap_or("?")
+        )
+    );
+    let held = |p: &Value| -> Vec<f64> {
+        samples(p)
+            .iter()
+            .map(|s| num(&s["held_tokens"], "held tokens"))
+            .collect()
+    };
+    let cold_held = held(cold);
+    assert!(
+        cold_held.iter().all(|&h| h > 80.0 - 32.0 && h <= 160.0),
+        "{cold_held:?}"
+    );
+    for p in [replay, uncached] {
+        let want: Vec<f64> = (0..cold_held.len() + 1)
+            .map(|j| cold_held[j % cold_held.len()])
+            .collect();
+        assert_eq!(held(p), want, "{}", p["label"]);
+    }
     for s in replay["samples"].as_array().into_iter().flatten() {
         // At least what the window keeps after an eviction (more than 80 − 32 tokens of
         // ~24-token entries), re-sent whole with the question, system prompt and template.

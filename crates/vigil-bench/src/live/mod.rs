@@ -114,6 +114,11 @@ pub struct LiveRecord {
     pub window_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_agreement: Option<Agreement>,
+    /// What the replay phases re-sent: `cold-query windows of <target>` (the windows a session
+    /// target's cold queries covered, in the same order, so both see the same data) or
+    /// `live window` (no session target had run its cold phase yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed: Option<String>,
 }
 
 /// Whether the client's window is what the session holds.
@@ -132,6 +137,36 @@ pub struct LiveCtx<'a> {
     pub model: &'a str,
     pub settings: &'a Settings,
     pub name: &'a str,
+    /// The windows the first session target's cold queries covered, one per query in order;
+    /// every target's replay phases re-send these (see `Stream::replay_window`).
+    pub cold_windows: &'a ColdWindows,
+}
+
+/// The cold queries' windows, shared between the targets of a run: replays compare with cold
+/// queries only at the same held size, and the stream's fill level drifts between phases (it
+/// evicts to half the window every few seconds), so a replay phase re-sends the very windows
+/// the cold phase saw rather than whatever its own moment holds.
+#[derive(Debug, Default)]
+pub struct ColdWindows {
+    windows: Mutex<Option<(String, Vec<Window>)>>,
+}
+
+impl ColdWindows {
+    /// Keeps the windows of the first target that offers them.
+    fn offer(&self, target: &str, windows: Vec<Window>) {
+        if let Ok(mut w) = self.windows.lock() {
+            if w.is_none() && !windows.is_empty() {
+                *w = Some((target.to_string(), windows));
+            }
+        }
+    }
+
+    /// Query `j`'s window (cycling when a replay phase asks more queries), and whose it was.
+    fn get(&self, j: usize) -> Option<(String, Window)> {
+        let w = self.windows.lock().ok()?;
+        let (target, windows) = w.as_ref()?;
+        Some((target.clone(), windows.get(j % windows.len())?.clone()))
+    }
 }
 
 /// Runs the three phases on one target; their points, in plan order (session phases are left
@@ -550,6 +585,7 @@ impl Stream<'_> {
         let t0 = Instant::now();
         let mut measured_from = t0;
         let mut samples = Vec::new();
+        let mut cold_windows = Vec::new();
         let first = self.first_due(t0);
         for j in 0..warm + measured {
             let due = first + self.period() * j;
@@ -560,9 +596,18 @@ impl Stream<'_> {
             }
             let mut s = match (mode, session) {
                 (LiveMode::Flash, Some(s)) => self.ask_flash(s, flash_id, t0).await,
-                (LiveMode::Cold, Some(s)) => self.ask_cold(s, t0).await,
-                (LiveMode::Replay, _) => self.ask_replay(t0, false).await,
-                (LiveMode::ReplayUncached, _) => self.ask_replay(t0, true).await,
+                (LiveMode::Cold, Some(s)) => {
+                    let w = self.window.lock().map(|w| w.clone()).ok();
+                    let mut x = self.ask_cold(s, t0).await;
+                    if let Some(w) = w {
+                        (x.window_entries, x.held_tokens) =
+                            (Some(w.len() as u32), Some(w.tokens()));
+                        cold_windows.push(w);
+                    }
+                    x
+                }
+                (LiveMode::Replay, _) => self.ask_replay(t0, false, j as usize).await,
+                (LiveMode::ReplayUncached, _) => self.ask_replay(t0, true, j as usize).await,
                 (_, None) => {
                     return Err(BenchError::Setting(format!(
                         "{} needs a session",
@@ -576,6 +621,7 @@ impl Stream<'_> {
             samples.push(s);
         }
         let wall_s = measured_from.elapsed().as_secs_f64();
+        self.ctx.cold_windows.offer(self.ctx.name, cold_windows);
         let p = exec::summarize(point, samples, wall_s, warm, measured);
         report_phase(self.ctx.name, &p);
         Ok(p)
@@ -628,14 +674,29 @@ impl Stream<'_> {
         to_sample(&streamed, t0, 0, None, a, false)
     }
 
+    /// The window replay query `j` re-sends: the `j`th cold query's (see `ColdWindows`), or
+    /// the live one when no session target ran its cold phase before.
+    fn replay_window(&self, j: usize) -> Window {
+        let (from, w) = match self.ctx.cold_windows.get(j) {
+            Some((target, w)) => (format!("cold-query windows of {target}"), w),
+            None => {
+                let w = self.window.lock().map(|w| w.clone());
+                let empty = Window::new(self.shape.window_tokens, 0);
+                ("live window".to_string(), w.unwrap_or(empty))
+            }
+        };
+        if let Ok(mut r) = self.record.lock() {
+            r.replayed.get_or_insert(from);
+        }
+        w
+    }
+
     /// `uncached`: the system prompt opens with a line unique to this request, so no cache
     /// holds any of the prompt past the template's first few tokens.
-    async fn ask_replay(&self, t0: Instant, uncached: bool) -> Sample {
+    async fn ask_replay(&self, t0: Instant, uncached: bool, j: usize) -> Sample {
         let a = self.shape.answer_tokens;
-        let (content, n) = match self.window.lock() {
-            Ok(w) => (w.user_content(FLASH_QUESTION), w.len()),
-            Err(_) => (FLASH_QUESTION.to_string(), 0),
-        };
+        let w = self.replay_window(j);
+        let (content, n, held) = (w.user_content(FLASH_QUESTION), w.len(), w.tokens());
         let system = if uncached {
             // Mixed so that even the first digits differ between requests.
             let nonce = std::time::SystemTime::now()
@@ -653,7 +714,7 @@ impl Stream<'_> {
         let body = crate::run::chat_body(self.ctx.model, &messages, a, true);
         let streamed = self.ctx.client.stream("/v1/chat/completions", &body).await;
         let mut x = to_sample(&streamed, t0, 0, None, a, false);
-        x.window_entries = Some(n as u32);
+        (x.window_entries, x.held_tokens) = (Some(n as u32), Some(held));
         x
     }
 }

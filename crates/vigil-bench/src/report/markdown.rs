@@ -215,6 +215,21 @@ fn live_section(md: &mut String, files: &[RunFile], heads: &[String], rows: &[Ve
                     l.push_errors, l.dropped_entries, l.stream_stalls
                 );
             }
+            let held: Vec<String> = (t.points.iter())
+                .filter_map(|p| {
+                    let v = (p.samples.iter())
+                        .filter(|x| !x.warmup && x.error.is_none())
+                        .filter_map(|x| x.held_tokens.map(f64::from));
+                    let h = crate::stats::Summary::of(v)?;
+                    Some(format!("{} {} ({}–{})", p.label, h.p50, h.min, h.max))
+                })
+                .collect();
+            if !held.is_empty() {
+                let _ = write!(line, "; held tokens p50 (min–max): {}", held.join(", "));
+            }
+            if let Some(r) = &l.replayed {
+                let _ = write!(line, "; replays re-sent the {r}");
+            }
             if let Some(r) = &l.resident_ms {
                 let _ = write!(
                     line,
