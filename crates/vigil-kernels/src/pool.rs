@@ -131,6 +131,31 @@ impl ThreadPool {
         self.shared.num_threads
     }
 
+    /// `f(first_row, rows)` on disjoint chunks of whole rows of `buf` (`width` values a row)
+    /// covering it: one chunk per thread when each gets at least `min_rows` rows, else all of
+    /// `buf` on the calling thread. For row-wise work (norms, RoPE, element-wise activations)
+    /// that would otherwise run on one thread while the others wait for the next matmul.
+    pub fn for_row_chunks<T: Send>(
+        &self,
+        buf: &mut [T],
+        width: usize,
+        min_rows: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        let rows = buf.len() / width.max(1);
+        let tasks = self.num_threads().min(rows / min_rows.max(1)).max(1);
+        if tasks == 1 {
+            return f(0, buf);
+        }
+        let base = SyncPtr::new(buf);
+        self.run(tasks, |i| {
+            let (r0, r1) = (i * rows / tasks, (i + 1) * rows / tasks);
+            // SAFETY: the tasks' row ranges are disjoint and within `buf`.
+            let chunk = unsafe { base.slice(r0 * width, (r1 - r0) * width) };
+            f(r0, chunk);
+        });
+    }
+
     /// Run `f(i)` for every `i` in `0..n_tasks`, split into contiguous chunks (a few per
     /// thread), and return when all have finished. `f` may borrow from the caller's stack.
     pub fn run<F: Fn(usize) + Sync>(&self, n_tasks: usize, f: F) {

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use vigil_kernels::cpu::{self, Isa};
-use vigil_kernels::matmul::{matmul_isa, matmul_scalar};
+use vigil_kernels::matmul::{matmul_group_isa, matmul_isa, matmul_scalar};
 use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::storage::AlignedBytes;
 use vigil_kernels::{DType, QMatrix, WeightData};
@@ -156,6 +156,62 @@ fn model_shapes_split_across_threads() {
                     .map(|_| rng.random_range(-1.0f32..1.0))
                     .collect();
                 check(&pool, isa, &w, &x, m, "model shape");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_group_gives_the_bits_of_one_call_per_matrix() {
+    // A layer's Q, K and V (or gate and up) share their input: one quantization and one
+    // dispatch over every matrix's rows must give each matrix exactly its own call's outputs,
+    // with row counts that split unevenly between the matrices and the threads. Mixed formats
+    // fall back to one call per matrix.
+    let mut rng = ChaCha8Rng::seed_from_u64(35);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for isa in [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
+        if !cpu::detected().has(isa) {
+            eprintln!("skipped: CPU lacks {}", isa.name());
+            continue;
+        }
+        let mixed = [DType::Q4_0, DType::Q8_0, DType::Q4_0];
+        let groups = QUANTIZED.iter().map(|&d| [d; 3]).chain([mixed]);
+        for dtypes in groups {
+            let bs = dtypes[0].block_size();
+            for &m in &[1usize, 3, 4, 37, 130] {
+                for pool in &pools {
+                    let cols = bs * rng.random_range(1..=if bs == 32 { 20 } else { 3 });
+                    let ws: Vec<QMatrix> = (dtypes.iter())
+                        .map(|&d| {
+                            let rows = rng.random_range(1..70);
+                            weights(&mut rng, d, rows, cols, None)
+                        })
+                        .collect();
+                    let x: Vec<f32> = (0..m * cols)
+                        .map(|_| rng.random_range(-3.0f32..3.0))
+                        .collect();
+                    let mut grouped: Vec<Vec<f32>> =
+                        ws.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
+                    let refs: Vec<&QMatrix> = ws.iter().collect();
+                    let mut outs: Vec<&mut [f32]> =
+                        grouped.iter_mut().map(|v| v.as_mut_slice()).collect();
+                    matmul_group_isa(pool, isa, &refs, &x, m, &mut outs);
+                    for (w, got) in ws.iter().zip(&grouped) {
+                        let mut want = vec![f32::NAN; m * w.rows];
+                        matmul_isa(pool, isa, w, &x, m, &mut want);
+                        let same = got
+                            .iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{} {:?} m={m} rows={} cols={cols}: grouped differs",
+                            isa.name(),
+                            dtypes,
+                            w.rows
+                        );
+                    }
+                }
             }
         }
     }

@@ -10,13 +10,17 @@ use crate::step_input::StepInput;
 use crate::weights::{FeedForward, Mlp, ModelWeights, Moe};
 use std::sync::Arc;
 use vigil_kernels::attention::{paged_attention, write_kv, AttnSeq, AttnShape, KvElem};
-use vigil_kernels::matmul::matmul;
+use vigil_kernels::matmul::{matmul, matmul_group};
 use vigil_kernels::ops::{
     add_inplace, gelu_tanh_mul_inplace, rmsnorm, rmsnorm_rows_inplace, rope, silu_mul_inplace,
     softmax_inplace,
 };
 use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::quant::dequant::dequantize_row;
+
+/// Rows a thread must get before a row-wise step (norms, RoPE, residual adds, the gated
+/// activation) is split across the pool; decode steps stay on the calling thread.
+const ROWS_PER_TASK: usize = 16;
 
 /// Activation buffers, grown to the largest step seen and reused (no allocation per step).
 #[derive(Default)]
@@ -147,35 +151,27 @@ impl Model {
             let inv_freq = w.rope_inv_freq_for(window);
             // Attention block.
             let xn = sized(&mut s.xn, t * h);
-            for (o, i) in xn.chunks_exact_mut(h).zip(s.x.chunks_exact(h)) {
-                rmsnorm(o, i, &layer.attn_norm, c.rms_norm_eps);
-            }
+            norm_rows(pool, xn, &s.x[..t * h], &layer.attn_norm, c.rms_norm_eps);
             see("attn_norm", Some(li), xn);
             let q = sized(&mut s.q, t * q_dim);
             let k = sized(&mut s.k, t * kv_dim);
             let v = sized(&mut s.v, t * kv_dim);
-            matmul(pool, &layer.wq, xn, t, q);
-            matmul(pool, &layer.wk, xn, t, k);
-            matmul(pool, &layer.wv, xn, t, v);
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                rmsnorm_rows_inplace(q, qn, c.rms_norm_eps);
-                rmsnorm_rows_inplace(k, kn, c.rms_norm_eps);
-            }
-            for (i, &pos) in input.positions.iter().enumerate() {
-                rope(
-                    &mut q[i * q_dim..(i + 1) * q_dim],
-                    c.head_dim,
-                    pos,
-                    inv_freq,
-                    interleaved,
-                );
-                rope(
-                    &mut k[i * kv_dim..(i + 1) * kv_dim],
-                    c.head_dim,
-                    pos,
-                    inv_freq,
-                    interleaved,
-                );
+            let qkv = [&layer.wq, &layer.wk, &layer.wv];
+            matmul_group(pool, &qkv, xn, t, &mut [&mut q[..], &mut k[..], &mut v[..]]);
+            let (qn, kn) = match (&layer.q_norm, &layer.k_norm) {
+                (Some(qn), Some(kn)) => (Some(&qn[..]), Some(&kn[..])),
+                _ => (None, None),
+            };
+            let positions = &input.positions;
+            for (buf, width, norm) in [(&mut q[..], q_dim, qn), (&mut k[..], kv_dim, kn)] {
+                pool.for_row_chunks(buf, width, ROWS_PER_TASK, |r0, rows| {
+                    for (row, &pos) in rows.chunks_exact_mut(width).zip(&positions[r0..]) {
+                        if let Some(norm) = norm {
+                            rmsnorm_rows_inplace(row, norm, c.rms_norm_eps);
+                        }
+                        rope(row, c.head_dim, pos, inv_freq, interleaved);
+                    }
+                });
             }
             see("Qcur", Some(li), q);
             see("Kcur", Some(li), k);
@@ -191,19 +187,21 @@ impl Model {
             }
             let proj = sized(&mut s.proj, t * h);
             matmul(pool, &layer.wo, attn, t, proj);
-            if let Some(norm) = &layer.post_attn_norm {
-                rmsnorm_rows_inplace(proj, norm, c.rms_norm_eps);
-            }
-            add_inplace(&mut s.x[..t * h], proj);
+            residual(
+                pool,
+                &mut s.x[..t * h],
+                proj,
+                h,
+                layer.post_attn_norm.as_deref(),
+                c.rms_norm_eps,
+            );
             see("kqv_out", Some(li), attn);
             see("attn_out", Some(li), proj);
             see("ffn_inp", Some(li), &s.x[..t * h]);
 
             // Feed-forward block.
             let xn = sized(&mut s.xn, t * h);
-            for (o, i) in xn.chunks_exact_mut(h).zip(s.x.chunks_exact(h)) {
-                rmsnorm(o, i, &layer.ffn_norm, c.rms_norm_eps);
-            }
+            norm_rows(pool, xn, &s.x[..t * h], &layer.ffn_norm, c.rms_norm_eps);
             see("ffn_norm", Some(li), xn);
             let proj = sized(&mut s.proj, t * h);
             match &layer.ffn {
@@ -229,10 +227,13 @@ impl Model {
                 }
             }
             if let Some(norm) = &layer.post_ffn_norm {
-                rmsnorm_rows_inplace(proj, norm, c.rms_norm_eps);
+                let eps = c.rms_norm_eps;
+                pool.for_row_chunks(proj, h, ROWS_PER_TASK, |_, rows| {
+                    rmsnorm_rows_inplace(rows, norm, eps)
+                });
             }
             see("ffn_out", Some(li), proj);
-            add_inplace(&mut s.x[..t * h], proj);
+            residual(pool, &mut s.x[..t * h], proj, h, None, c.rms_norm_eps);
             see("l_out", Some(li), &s.x[..t * h]);
         }
 
@@ -248,6 +249,37 @@ impl Model {
         see("result_output", None, logits);
         &s.logits[..n * c.vocab_size]
     }
+}
+
+/// `out` = RMSNorm of each `weight.len()`-wide row of `x`, rows split across the pool.
+fn norm_rows(pool: &ThreadPool, out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+    let h = weight.len();
+    pool.for_row_chunks(out, h, ROWS_PER_TASK, |r0, rows| {
+        for (o, i) in rows.chunks_exact_mut(h).zip(x[r0 * h..].chunks_exact(h)) {
+            rmsnorm(o, i, weight, eps);
+        }
+    });
+}
+
+/// The residual stream `x += proj` (`width` values a row), with `proj` first RMS-normed row by
+/// row when the block has a post-norm (Gemma), rows split across the pool.
+fn residual(
+    pool: &ThreadPool,
+    x: &mut [f32],
+    proj: &mut [f32],
+    width: usize,
+    post_norm: Option<&[f32]>,
+    eps: f32,
+) {
+    if let Some(norm) = post_norm {
+        pool.for_row_chunks(proj, width, ROWS_PER_TASK, |_, rows| {
+            rmsnorm_rows_inplace(rows, norm, eps)
+        });
+    }
+    let proj = &proj[..];
+    pool.for_row_chunks(x, width, ROWS_PER_TASK, |r0, rows| {
+        add_inplace(rows, &proj[r0 * width..r0 * width + rows.len()])
+    });
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -290,12 +322,21 @@ fn mlp_forward(
     let inter = mlp.gate.rows;
     let g = sized(gate, t * inter);
     let u = sized(up, t * inter);
-    matmul(pool, &mlp.gate, x, t, g);
-    matmul(pool, &mlp.up, x, t, u);
-    match act {
-        Activation::Silu => silu_mul_inplace(g, u),
-        Activation::GeluTanh => gelu_tanh_mul_inplace(g, u),
-    }
+    matmul_group(
+        pool,
+        &[&mlp.gate, &mlp.up],
+        x,
+        t,
+        &mut [&mut g[..], &mut u[..]],
+    );
+    let u = &u[..];
+    pool.for_row_chunks(g, inter, ROWS_PER_TASK, |r0, rows| {
+        let up = &u[r0 * inter..r0 * inter + rows.len()];
+        match act {
+            Activation::Silu => silu_mul_inplace(rows, up),
+            Activation::GeluTanh => gelu_tanh_mul_inplace(rows, up),
+        }
+    });
     matmul(pool, &mlp.down, g, t, out);
 }
 

@@ -72,14 +72,81 @@ pub fn matmul_scalar(w: &QMatrix, x: &[f32], m: usize, out: &mut [f32]) {
     matmul_on(None, Path::Scalar, w, x, m, out)
 }
 
-fn matmul_on(
-    pool: Option<&ThreadPool>,
-    path: Path,
-    w: &QMatrix,
+/// `outs[g] = x · ws[g]ᵀ` for matrices that share their input (a layer's Q, K and V
+/// projections, or its gate and up): when they have one format and width, the activations are
+/// quantized once and every matrix's rows go to the pool in one dispatch, instead of a
+/// quantization and a dispatch per matrix. Same bits as [`matmul`] on each.
+pub fn matmul_group(
+    pool: &ThreadPool,
+    ws: &[&QMatrix],
     x: &[f32],
     m: usize,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
 ) {
+    matmul_group_on(Some(pool), cpu::features().best(), ws, x, m, outs)
+}
+
+/// [`matmul_group`] on the kernels of level `isa`: for tests that compare the paths.
+///
+/// # Panics
+/// If the CPU lacks `isa` (`cpu::detected()`).
+pub fn matmul_group_isa(
+    pool: &ThreadPool,
+    isa: Isa,
+    ws: &[&QMatrix],
+    x: &[f32],
+    m: usize,
+    outs: &mut [&mut [f32]],
+) {
+    assert!(
+        cpu::detected().has(isa),
+        "matmul_group_isa: this CPU lacks {}",
+        isa.name()
+    );
+    matmul_group_on(Some(pool), isa, ws, x, m, outs)
+}
+
+fn matmul_group_on(
+    pool: Option<&ThreadPool>,
+    path: Path,
+    ws: &[&QMatrix],
+    x: &[f32],
+    m: usize,
+    outs: &mut [&mut [f32]],
+) {
+    assert_eq!(ws.len(), outs.len(), "matmul_group: one output per matrix");
+    let Some(first) = ws.first() else { return };
+    let shared = ws.iter().all(|w| {
+        w.dtype == first.dtype && w.cols == first.cols && crate::quant::widen::widened(w).is_none()
+    });
+    if !shared {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            matmul_on(pool, path, w, x, m, out);
+        }
+        return;
+    }
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        check_shapes(w, x, m, out);
+    }
+    if m == 0 {
+        return;
+    }
+    let parts: Vec<Part> = (ws.iter().zip(outs.iter_mut()))
+        .map(|(w, out)| Part {
+            w,
+            out: SyncPtr(out.as_mut_ptr()),
+        })
+        .collect();
+    run_with_scratch(pool, path, &parts, x, m);
+}
+
+/// One matrix of a call and where its `m × w.rows` outputs go.
+struct Part<'a> {
+    w: &'a QMatrix,
+    out: SyncPtr<f32>,
+}
+
+fn check_shapes(w: &QMatrix, x: &[f32], m: usize, out: &[f32]) {
     assert!(
         w.cols.is_multiple_of(w.dtype.block_size()),
         "matmul: {} columns is not a whole number of {} blocks",
@@ -103,6 +170,27 @@ fn matmul_on(
         "matmul: weight data shorter than {} rows",
         w.rows
     );
+}
+
+fn run_with_scratch(pool: Option<&ThreadPool>, path: Path, parts: &[Part], x: &[f32], m: usize) {
+    let work: usize = parts.iter().map(|p| p.w.rows * p.w.row_bytes() * m).sum();
+    let pool = pool.filter(|p| p.num_threads() > 1 && work >= PARALLEL_MIN_WORK);
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => run(pool, path, parts, x, m, &mut scratch),
+        // Re-entered from inside a task on this thread: use a fresh scratch.
+        Err(_) => run(pool, path, parts, x, m, &mut Scratch::default()),
+    });
+}
+
+fn matmul_on(
+    pool: Option<&ThreadPool>,
+    path: Path,
+    w: &QMatrix,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+) {
+    check_shapes(w, x, m, out);
     if m == 0 || w.rows == 0 {
         return;
     }
@@ -110,33 +198,40 @@ fn matmul_on(
     if let Some(wide) = crate::quant::widen::widened(w) {
         return matmul_on(pool, path, &wide, x, m, out);
     }
-    let pool =
-        pool.filter(|p| p.num_threads() > 1 && w.rows * w.row_bytes() * m >= PARALLEL_MIN_WORK);
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut scratch) => run(pool, path, w, x, m, out, &mut scratch),
-        // Re-entered from inside a task on this thread: use a fresh scratch.
-        Err(_) => run(pool, path, w, x, m, out, &mut Scratch::default()),
-    });
+    let part = Part {
+        w,
+        out: SyncPtr(out.as_mut_ptr()),
+    };
+    run_with_scratch(pool, path, &[part], x, m);
 }
 
-/// Call `f(r0, r1)` on disjoint, `align`-aligned ranges of weight rows covering `0..rows`.
+/// Call `f(part, r0, r1)` on disjoint, `align`-aligned ranges of each part's weight rows,
+/// covering all of them, spread over the pool's threads as one dispatch.
 fn split_rows(
     pool: Option<&ThreadPool>,
-    rows: usize,
+    parts: &[Part],
     align: usize,
-    f: impl Fn(usize, usize) + Sync,
+    f: impl Fn(&Part, usize, usize) + Sync,
 ) {
     let Some(pool) = pool else {
-        return f(0, rows);
+        return parts.iter().for_each(|p| f(p, 0, p.w.rows));
     };
-    // A few parts per thread, so a thread the OS has descheduled loses only one part.
-    let units = rows.div_ceil(align);
-    let parts = (pool.num_threads() * 4).min(units).max(1);
-    pool.run(parts, |t| {
-        let r0 = (t * units / parts * align).min(rows);
-        let r1 = ((t + 1) * units / parts * align).min(rows);
-        if r0 < r1 {
-            f(r0, r1);
+    // Units of `align` rows, numbered across the parts in order.
+    let units: Vec<usize> = parts.iter().map(|p| p.w.rows.div_ceil(align)).collect();
+    let total: usize = units.iter().sum();
+    // A few tasks per thread, so a thread the OS has descheduled loses only one.
+    let tasks = (pool.num_threads() * 4).min(total).max(1);
+    pool.run(tasks, |t| {
+        let (u0, u1) = (t * total / tasks, (t + 1) * total / tasks);
+        let mut start = 0;
+        for (p, &n) in parts.iter().zip(&units) {
+            let (a, b) = (u0.max(start), u1.min(start + n));
+            if a < b {
+                let r0 = ((a - start) * align).min(p.w.rows);
+                let r1 = ((b - start) * align).min(p.w.rows);
+                f(p, r0, r1);
+            }
+            start += n;
         }
     });
 }
@@ -151,17 +246,17 @@ fn blocks_of<B: bytemuck::Pod>(w: &QMatrix) -> &[B] {
     })
 }
 
+/// Every part shares `x`, its format and its width (`matmul_group_on` checks).
 fn run(
     pool: Option<&ThreadPool>,
     path: Path,
-    w: &QMatrix,
+    parts: &[Part],
     x: &[f32],
     m: usize,
-    out: &mut [f32],
     scratch: &mut Scratch,
 ) {
-    let (rows, cols) = (w.rows, w.cols);
-    let out = SyncPtr(out.as_mut_ptr());
+    let Some(first) = parts.first() else { return };
+    let (dtype, cols) = (first.w.dtype, first.w.cols);
     let how = match path {
         Path::Scalar => Quantizer::Portable,
         _ => Quantizer::Dispatched,
@@ -175,56 +270,57 @@ fn run(
     } else {
         ROW_ALIGN
     };
-    match w.dtype {
+    match dtype {
         // Widened before `run` (`matmul_on`).
         DType::Q5_0 => debug_assert!(false, "Q5_0 reaches `run` only widened"),
         DType::Q4_0 => {
             let acts = scratch.q8_0(pool, how, x, shape, side);
-            let wb = blocks_of::<BlockQ4_0>(w);
-            split_rows(pool, rows, align32, |r0, r1| {
-                rows_32::<Q4_0Fmt>(path, wb, rows, &acts, r0, r1, out)
+            split_rows(pool, parts, align32, |p, r0, r1| {
+                let wb = blocks_of::<BlockQ4_0>(p.w);
+                rows_32::<Q4_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
             });
         }
         DType::Q4_1 => {
             let acts = scratch.q8_1(pool, how, x, shape, side);
-            let wb = blocks_of::<BlockQ4_1>(w);
-            split_rows(pool, rows, align32, |r0, r1| {
-                rows_32::<Q4_1Fmt>(path, wb, rows, &acts, r0, r1, out)
+            split_rows(pool, parts, align32, |p, r0, r1| {
+                let wb = blocks_of::<BlockQ4_1>(p.w);
+                rows_32::<Q4_1Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
             });
         }
         DType::Q8_0 => {
             let acts = scratch.q8_0(pool, how, x, shape, side);
-            let wb = blocks_of::<BlockQ8_0>(w);
-            split_rows(pool, rows, align32, |r0, r1| {
-                rows_32::<Q8_0Fmt>(path, wb, rows, &acts, r0, r1, out)
+            split_rows(pool, parts, align32, |p, r0, r1| {
+                let wb = blocks_of::<BlockQ8_0>(p.w);
+                rows_32::<Q8_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
             });
         }
         DType::Q4K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            let wb = blocks_of::<BlockQ4K>(w);
-            split_rows(pool, rows, ROW_ALIGN, |r0, r1| {
-                rows_k::<Q4KFmt>(path, wb, rows, acts, m, r0, r1, out)
+            split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
+                let wb = blocks_of::<BlockQ4K>(p.w);
+                rows_k::<Q4KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
             });
         }
         DType::Q5K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            let wb = blocks_of::<BlockQ5K>(w);
-            split_rows(pool, rows, ROW_ALIGN, |r0, r1| {
-                rows_k::<Q5KFmt>(path, wb, rows, acts, m, r0, r1, out)
+            split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
+                let wb = blocks_of::<BlockQ5K>(p.w);
+                rows_k::<Q5KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
             });
         }
         DType::Q6K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            let wb = blocks_of::<BlockQ6K>(w);
-            split_rows(pool, rows, ROW_ALIGN, |r0, r1| {
-                rows_k::<Q6KFmt>(path, wb, rows, acts, m, r0, r1, out)
+            split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
+                let wb = blocks_of::<BlockQ6K>(p.w);
+                rows_k::<Q6KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
             });
         }
         DType::F32 | DType::F16 | DType::BF16 => {
-            let wbytes = &w.data.bytes()[..rows * w.row_bytes()];
             let x = &x[..m * cols];
-            split_rows(pool, rows, ROW_ALIGN, |r0, r1| {
-                rows_float(path, w.dtype, wbytes, rows, cols, x, m, r0, r1, out)
+            split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
+                let (w, rows) = (p.w, p.w.rows);
+                let wbytes = &w.data.bytes()[..rows * w.row_bytes()];
+                rows_float(path, dtype, wbytes, rows, cols, x, m, r0, r1, p.out)
             });
         }
     }
