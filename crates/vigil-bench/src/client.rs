@@ -136,11 +136,7 @@ impl Client {
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<Value, BenchError> {
         let url = format!("{}{path}", self.base);
-        let resp = self
-            .http
-            .post(&url)
-            .json(body)
-            .send()
+        let resp = send(self.http.post(&url).json(body))
             .await
             .map_err(|source| BenchError::Http {
                 url: url.clone(),
@@ -215,7 +211,7 @@ impl Client {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let resp = req.send().await.map_err(|e| format!("{e}"))?;
+        let resp = send(req).await.map_err(|e| with_causes(&e))?;
         let status = resp.status();
         if !status.is_success() {
             let text = resp.text().await.unwrap_or_default();
@@ -239,6 +235,48 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// Sends `req`, and once more on a fresh connection when the server had closed the pooled
+/// keep-alive connection it went out on (cpp-httplib servers such as llama-server close idle
+/// connections after a few seconds): the server never read it, so resending is safe, and it is
+/// what an HTTP client library does. Any other failure is the request's.
+async fn send(req: reqwest::RequestBuilder) -> Result<reqwest::Response, reqwest::Error> {
+    let again = req.try_clone();
+    match req.send().await {
+        Err(e) if closed_idle_connection(&e) => match again {
+            Some(again) => again.send().await,
+            None => Err(e),
+        },
+        other => other,
+    }
+}
+
+/// hyper's error for a connection closed before any response (its `IncompleteMessage`).
+fn closed_idle_connection(e: &reqwest::Error) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.to_string()
+            .contains("connection closed before message completed")
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// The error and its causes, so a failed sample says why (reqwest's own message names only the
+/// URL).
+fn with_causes(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// Handles one SSE line; `true` at `data: [DONE]`.
@@ -430,6 +468,55 @@ mod tests {
             std::thread::sleep(hold);
         });
         format!("http://{addr}")
+    }
+
+    /// A keep-alive server that answers the first request on a connection and closes the
+    /// connection without answering when a second request arrives on it (the race a client hits
+    /// when it reuses a pooled connection the server just closed), counting what it answered.
+    fn closing_keep_alive_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{Read, Write};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let answered = std::sync::Arc::new(AtomicUsize::new(0));
+        let count = answered.clone();
+        std::thread::spawn(move || {
+            for sock in listener.incoming() {
+                let Ok(mut sock) = sock else { return };
+                let count = count.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 8192];
+                    if sock.read(&mut buf).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let body = r#"{"ok":true}"#;
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = sock.write_all(reply.as_bytes());
+                    count.fetch_add(1, Ordering::SeqCst);
+                    // The next request on this connection: read it, answer nothing, close.
+                    let _ = sock.read(&mut buf);
+                });
+            }
+        });
+        (format!("http://{addr}"), answered)
+    }
+
+    #[tokio::test]
+    async fn a_request_on_a_connection_the_server_closed_is_sent_again() {
+        let (url, answered) = closing_keep_alive_server();
+        let client = Client::new(&url, Duration::from_secs(10)).unwrap();
+        let body = serde_json::json!({"x": 1});
+        for i in 0..3 {
+            // The second and third go out on the pooled connection, which the server closes.
+            let v = client.post_json("/v1/x", &body).await;
+            assert_eq!(v.ok(), Some(serde_json::json!({"ok": true})), "request {i}");
+        }
+        assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), 3);
+        let s = client.stream("/v1/x", &body).await;
+        assert_eq!(s.error, None);
     }
 
     #[tokio::test]
