@@ -24,8 +24,9 @@ use std::cell::RefCell;
 /// Weight rows are split between threads in multiples of this (the decode tile's width).
 const ROW_ALIGN: usize = 8;
 /// From this many activation rows, Q4_0 / Q4_1 / Q8_0 use the repacked-weight GEMM kernels
-/// (`avx2_gemm`, `avx2_gemm_q8`, `vnni_gemm`, `avx512_gemm`); below it (decode), the row
-/// tiles that stream the weights in place.
+/// (`avx2_gemm`, `avx2_gemm_q8`, `vnni_gemm`, `avx512_gemm`), Q4_K / Q6_K theirs
+/// (`avx2_kgemm`, `avx512_kgemm`); below it (decode), the row tiles that stream the weights in
+/// place.
 const GEMM_MIN_ROWS: usize = 4;
 /// The same for the float formats (`avx2_float_gemm`): widening and packing each weight block
 /// pays off from about 8 rows (BF16 1024 × 1024, one thread: at 4 rows the row tiles took
@@ -168,8 +169,8 @@ fn run(
     };
     let side = path != Path::Scalar;
     let shape = (m, cols);
-    // The 16-row GEMM groups (`avx512_gemm`) want 16-row thread ranges, so that only the
-    // matrix's last group can be partial.
+    // The 16-row GEMM groups (`avx512_gemm`, `avx512_kgemm`) want 16-row thread ranges, so
+    // that only the matrix's last group can be partial (Q5_K has no GEMM: 8 is its tile).
     let align32 = if path == Path::Avx512 && m >= GEMM_MIN_ROWS {
         16
     } else {
@@ -202,7 +203,7 @@ fn run(
         DType::Q4K => {
             let acts = scratch.q8k(pool, how, x, shape);
             let wb = blocks_of::<BlockQ4K>(w);
-            split_rows(pool, rows, ROW_ALIGN, |r0, r1| {
+            split_rows(pool, rows, align32, |r0, r1| {
                 rows_k::<Q4KFmt>(path, wb, rows, acts, m, r0, r1, out)
             });
         }
@@ -216,7 +217,7 @@ fn run(
         DType::Q6K => {
             let acts = scratch.q8k(pool, how, x, shape);
             let wb = blocks_of::<BlockQ6K>(w);
-            split_rows(pool, rows, ROW_ALIGN, |r0, r1| {
+            split_rows(pool, rows, align32, |r0, r1| {
                 rows_k::<Q6KFmt>(path, wb, rows, acts, m, r0, r1, out)
             });
         }
@@ -364,8 +365,12 @@ trait FmtKPath {
     );
 }
 
+/// `$avx`: the format's marker type in `quant::dot::avx2_k` (the row tiles, for every `m`
+/// unless the format has GEMM kernels). `$zmm`, `$ymm`: its repacked-weight GEMM kernels in
+/// `avx512_kgemm` (16 rows) and `avx2_kgemm` (8 rows, generic over the integer dot), used
+/// from `GEMM_MIN_ROWS` activation rows on.
 macro_rules! fmtk {
-    ($name:ident, $w:ty, $dot:path, $avx:ty) => {
+    (@impl $name:ident, $w:ty, $dot:path, $avx:ty, [$($zmm:ty, $ymm:ident)?]) => {
         struct $name;
         impl FmtKPath for $name {
             type W = $w;
@@ -384,6 +389,30 @@ macro_rules! fmtk {
                 out: *mut f32,
             ) {
                 use crate::quant::dot::{avx2_k, vnni};
+                $(
+                    if m >= GEMM_MIN_ROWS {
+                        use crate::quant::dot::{avx2, avx2_kgemm, avx512_kgemm};
+                        let acts = Acts32 {
+                            blocks: acts,
+                            d: &[],
+                            s: &[],
+                            ysum: &[],
+                            m,
+                            nb: acts.len() / m,
+                        };
+                        return match isa {
+                            Isa::Avx512 => {
+                                avx512_kgemm::matmul_rows::<$zmm>(w, rows, &acts, r0, r1, out)
+                            }
+                            Isa::AvxVnni => avx2_kgemm::matmul_rows_avx_vnni::<
+                                avx2_kgemm::$ymm<vnni::AvxVnni>,
+                            >(w, rows, &acts, r0, r1, out),
+                            _ => avx2_kgemm::matmul_rows::<avx2_kgemm::$ymm<avx2::Avx2>>(
+                                w, rows, &acts, r0, r1, out,
+                            ),
+                        };
+                    }
+                )?
                 match isa {
                     Isa::Avx512 => vnni::rows_k_avx512vl::<$avx>(w, rows, acts, m, r0, r1, out),
                     Isa::AvxVnni => vnni::rows_k_avx_vnni::<$avx>(w, rows, acts, m, r0, r1, out),
@@ -392,13 +421,21 @@ macro_rules! fmtk {
             }
         }
     };
+    ($name:ident, $w:ty, $dot:path, $avx:ty) => {
+        fmtk!(@impl $name, $w, $dot, $avx, []);
+    };
+    ($name:ident, $w:ty, $dot:path, $avx:ty, $zmm:ty, $ymm:ident) => {
+        fmtk!(@impl $name, $w, $dot, $avx, [$zmm, $ymm]);
+    };
 }
 
 fmtk!(
     Q4KFmt,
     BlockQ4K,
     scalar::dot_q4k_q8k,
-    crate::quant::dot::avx2_k::Q4K
+    crate::quant::dot::avx2_k::Q4K,
+    crate::quant::dot::avx512_kgemm::Q4K16,
+    Q4K8
 );
 fmtk!(
     Q5KFmt,
@@ -410,7 +447,9 @@ fmtk!(
     Q6KFmt,
     BlockQ6K,
     scalar::dot_q6k_q8k,
-    crate::quant::dot::avx2_k::Q6K
+    crate::quant::dot::avx2_k::Q6K,
+    crate::quant::dot::avx512_kgemm::Q6K16,
+    Q6K8
 );
 
 #[allow(clippy::too_many_arguments)]
