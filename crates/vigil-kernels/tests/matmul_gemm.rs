@@ -1,7 +1,7 @@
 //! The repacked-weight GEMM kernels that `matmul` picks on this CPU, for Q4_0 / Q4_1 / Q8_0
 //! (`quant::dot::avx2_gemm` and `avx2_gemm_q8`, `vnni_gemm` or `avx512_gemm`) and Q4_K / Q6_K
 //! (`avx2_kgemm` or `avx512_kgemm`; each level is also tested on purpose in `matmul_isa`),
-//! used from 4 activation rows on, against the scalar path, bit for bit: random shapes with
+//! used from 4 activation rows on (Q4_K: 8, Q6_K: 16), against the scalar path, bit for bit: random shapes with
 //! ragged edges (weight rows not a multiple of 8 or 16, activation rows not a multiple of the
 //! tile or the 128-row chunk), 1 and 2 threads, and the largest integer block dots the i16
 //! partial sums must hold.
@@ -154,7 +154,8 @@ fn extreme_block_dots_are_exact() {
             _ => &[0xFF, 0x0F, 0x00],
         };
         for &q in fills {
-            let (rows, cols, m) = (16, 256, 9);
+            // 17 activation rows: past every format's GEMM threshold, one row left over.
+            let (rows, cols, m) = (16, 256, 17);
             let w = weights(&mut rng, dtype, rows, cols, Some(q));
             let x: Vec<f32> = (0..m * cols)
                 .map(|k| match (k / cols) % 3 {
@@ -185,7 +186,14 @@ fn rows_do_not_depend_on_batch_position() {
         let row: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         let mut alone = vec![0f32; rows];
         matmul(&pool, &w, &row, 1, &mut alone);
-        for (m, at) in [(4usize, 2usize), (5, 4), (70, 65), (70, 3)] {
+        for (m, at) in [
+            (4usize, 2usize),
+            (5, 4),
+            (9, 8),
+            (17, 16),
+            (70, 65),
+            (70, 3),
+        ] {
             let mut x: Vec<f32> = (0..m * cols)
                 .map(|_| rng.random_range(-1.0f32..1.0))
                 .collect();

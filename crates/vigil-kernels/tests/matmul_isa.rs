@@ -107,8 +107,12 @@ fn level_matches_scalar(isa: Isa, seed: u64) {
         }
         // All nibbles 15 / 0, Q8_0 weights all -128 / 127 / -127, against activations that
         // quantize to ±127 (one row alternating): the largest integer dots.
-        for &q in &[0xFFu8, 0x00, 0x80, 0x7F, 0x81] {
-            let (rows, cols, m) = (40, 2 * 256, 9);
+        // 9 rows: the Q6_K row tiles; 17: every format's GEMM.
+        for (&q, m) in [0xFFu8, 0x00, 0x80, 0x7F, 0x81]
+            .iter()
+            .zip([9, 17, 9, 17, 17])
+        {
+            let (rows, cols) = (40, 2 * 256);
             let w = weights(&mut rng, dtype, rows, cols, Some(q));
             let x: Vec<f32> = (0..m * cols)
                 .map(|k| match (k / cols) % 3 {

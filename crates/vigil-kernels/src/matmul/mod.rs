@@ -28,6 +28,13 @@ const ROW_ALIGN: usize = 8;
 /// (`avx2_kgemm`, `avx512_kgemm`); below it (decode), the row tiles that stream the weights in
 /// place.
 const GEMM_MIN_ROWS: usize = 4;
+/// The same for Q4_K and Q6_K (`avx2_kgemm`, `avx512_kgemm`), whose packing costs more per
+/// weight (Q6_K's most: its 6-bit quants are rebuilt from two planes). Gemma 3 270M's shapes
+/// (640 × 1024 and 640 × 2048), one thread, AVX-512: Q4_K at 4 rows 0.194 ms against the row
+/// tiles' 0.187, at 8 rows 0.207 against 0.371; Q6_K at 8 rows 0.406 against 0.373, at 16
+/// rows 0.495 against 0.745.
+const Q4K_GEMM_MIN_ROWS: usize = 8;
+const Q6K_GEMM_MIN_ROWS: usize = 16;
 /// The same for the float formats (`avx2_float_gemm`): widening and packing each weight block
 /// pays off from about 8 rows (BF16 1024 × 1024, one thread: at 4 rows the row tiles took
 /// 0.17 ms and the GEMM 0.25 ms; at 8 rows 0.34 ms and 0.28 ms).
@@ -176,6 +183,13 @@ fn run(
     } else {
         ROW_ALIGN
     };
+    let align_k = |min_rows| {
+        if path == Path::Avx512 && m >= min_rows {
+            16
+        } else {
+            ROW_ALIGN
+        }
+    };
     match w.dtype {
         // Widened before `run` (`matmul_on`).
         DType::Q5_0 => debug_assert!(false, "Q5_0 reaches `run` only widened"),
@@ -203,7 +217,7 @@ fn run(
         DType::Q4K => {
             let acts = scratch.q8k(pool, how, x, shape);
             let wb = blocks_of::<BlockQ4K>(w);
-            split_rows(pool, rows, align32, |r0, r1| {
+            split_rows(pool, rows, align_k(Q4K_GEMM_MIN_ROWS), |r0, r1| {
                 rows_k::<Q4KFmt>(path, wb, rows, acts, m, r0, r1, out)
             });
         }
@@ -217,7 +231,7 @@ fn run(
         DType::Q6K => {
             let acts = scratch.q8k(pool, how, x, shape);
             let wb = blocks_of::<BlockQ6K>(w);
-            split_rows(pool, rows, align32, |r0, r1| {
+            split_rows(pool, rows, align_k(Q6K_GEMM_MIN_ROWS), |r0, r1| {
                 rows_k::<Q6KFmt>(path, wb, rows, acts, m, r0, r1, out)
             });
         }
@@ -368,9 +382,9 @@ trait FmtKPath {
 /// `$avx`: the format's marker type in `quant::dot::avx2_k` (the row tiles, for every `m`
 /// unless the format has GEMM kernels). `$zmm`, `$ymm`: its repacked-weight GEMM kernels in
 /// `avx512_kgemm` (16 rows) and `avx2_kgemm` (8 rows, generic over the integer dot), used
-/// from `GEMM_MIN_ROWS` activation rows on.
+/// from `$min` activation rows on (`Q4K_GEMM_MIN_ROWS`, `Q6K_GEMM_MIN_ROWS`).
 macro_rules! fmtk {
-    (@impl $name:ident, $w:ty, $dot:path, $avx:ty, [$($zmm:ty, $ymm:ident)?]) => {
+    (@impl $name:ident, $w:ty, $dot:path, $avx:ty, [$($zmm:ty, $ymm:ident, $min:expr)?]) => {
         struct $name;
         impl FmtKPath for $name {
             type W = $w;
@@ -390,7 +404,7 @@ macro_rules! fmtk {
             ) {
                 use crate::quant::dot::{avx2_k, vnni};
                 $(
-                    if m >= GEMM_MIN_ROWS {
+                    if m >= $min {
                         use crate::quant::dot::{avx2, avx2_kgemm, avx512_kgemm};
                         let acts = Acts32 {
                             blocks: acts,
@@ -424,8 +438,8 @@ macro_rules! fmtk {
     ($name:ident, $w:ty, $dot:path, $avx:ty) => {
         fmtk!(@impl $name, $w, $dot, $avx, []);
     };
-    ($name:ident, $w:ty, $dot:path, $avx:ty, $zmm:ty, $ymm:ident) => {
-        fmtk!(@impl $name, $w, $dot, $avx, [$zmm, $ymm]);
+    ($name:ident, $w:ty, $dot:path, $avx:ty, $zmm:ty, $ymm:ident, $min:expr) => {
+        fmtk!(@impl $name, $w, $dot, $avx, [$zmm, $ymm, $min]);
     };
 }
 
@@ -435,7 +449,8 @@ fmtk!(
     scalar::dot_q4k_q8k,
     crate::quant::dot::avx2_k::Q4K,
     crate::quant::dot::avx512_kgemm::Q4K16,
-    Q4K8
+    Q4K8,
+    Q4K_GEMM_MIN_ROWS
 );
 fmtk!(
     Q5KFmt,
@@ -449,7 +464,8 @@ fmtk!(
     scalar::dot_q6k_q8k,
     crate::quant::dot::avx2_k::Q6K,
     crate::quant::dot::avx512_kgemm::Q6K16,
-    Q6K8
+    Q6K8,
+    Q6K_GEMM_MIN_ROWS
 );
 
 #[allow(clippy::too_many_arguments)]
