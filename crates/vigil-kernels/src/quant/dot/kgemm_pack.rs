@@ -16,7 +16,6 @@
 // Index loops mirror the block layouts.
 #![allow(clippy::needless_range_loop)]
 
-use super::scalar::q6k_values;
 use super::scales_mins_k4;
 use crate::quant::blocks::{BlockQ4K, BlockQ6K};
 
@@ -59,6 +58,16 @@ fn dup(x: i16) -> i32 {
     pair(x, x)
 }
 
+/// Bytes `at..at + 4` of `b` as a little-endian word (4 quants).
+#[inline(always)]
+fn word(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The low nibble, and the low two bits, of each byte of a word.
+const NIB: u32 = 0x0F0F_0F0F;
+const TWO: u32 = 0x0303_0303;
+
 /// Weight row `k` of the group starting at `j0`; rows `>= r1` repeat row `r1 - 1` (their
 /// outputs are dropped).
 #[inline(always)]
@@ -89,9 +98,7 @@ pub fn pack_q4k<const N: usize>(
             }
             for c in 0..4 {
                 for h in 0..8 {
-                    let o = 32 * c + 4 * h;
-                    p.qs[c][h][k] =
-                        u32::from_le_bytes([x.qs[o], x.qs[o + 1], x.qs[o + 2], x.qs[o + 3]]);
+                    p.qs[c][h][k] = word(&x.qs, 32 * c + 4 * h);
                 }
             }
         }
@@ -118,10 +125,18 @@ pub fn pack_q6k<const N: usize>(
             for t in 0..8 {
                 p.scp[t][k] = pair(x.scales[2 * t] as i16, x.scales[2 * t + 1] as i16);
             }
-            let q = q6k_values(x).map(|v| (v + 32) as u8);
-            for v in 0..64 {
-                p.q[v][k] =
-                    u32::from_le_bytes([q[4 * v], q[4 * v + 1], q[4 * v + 2], q[4 * v + 3]]);
+            // `scalar::q6k_values` + 32, 4 values a word: the low nibbles from `ql`, two
+            // bits each from `qh`, for values `l`, `l + 32`, `l + 64`, `l + 96` of each half.
+            for n in 0..2 {
+                for l in (0..32).step_by(4) {
+                    let (lo, hi) = (word(&x.ql, 64 * n + l), word(&x.ql, 64 * n + 32 + l));
+                    let qh = word(&x.qh, 32 * n + l);
+                    let v = (128 * n + l) / 4;
+                    p.q[v][k] = (lo & NIB) | ((qh & TWO) << 4);
+                    p.q[v + 8][k] = (hi & NIB) | (((qh >> 2) & TWO) << 4);
+                    p.q[v + 16][k] = ((lo >> 4) & NIB) | (((qh >> 4) & TWO) << 4);
+                    p.q[v + 24][k] = ((hi >> 4) & NIB) | (((qh >> 6) & TWO) << 4);
+                }
             }
         }
     }
