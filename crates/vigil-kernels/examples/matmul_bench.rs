@@ -3,7 +3,8 @@
 //!
 //! `format` picks the weights and the model whose shapes they take: `q4_1` (the default) and
 //! `q4_0` time SmolLM2-135M's q, k, v, o, gate, up and down; `q8_0`, `bf16`, `f16` and `f32`
-//! time Qwen3-0.6B's distinct projection shapes. Random weights and activations; prints the
+//! time Qwen3-0.6B's distinct projection shapes; `q4_k` and `q6_k` Gemma 3 270M's k-quant ones
+//! (its Q4_K_M file's attention output and down projection). Random weights and activations; prints the
 //! best time and GFLOP/s (2 · m · rows · cols) per shape and for the layer. Under `valgrind
 //! --tool=callgrind` use 1 thread and 1 rep for instruction counts.
 
@@ -28,6 +29,11 @@ const SMOLLM2: [(usize, usize); 7] = [
 
 /// Qwen3-0.6B (hidden 1024, intermediate 3072): attention output / q, MLP gate and up, MLP down.
 const QWEN3_0_6B: [(usize, usize); 3] = [(1024, 1024), (3072, 1024), (1024, 3072)];
+
+/// Gemma 3 270M (hidden 640, 4 heads of 256, intermediate 2048): attention output and MLP
+/// down, the projections its Q4_K_M file stores as Q4_K / Q6_K (the others' 640 columns are
+/// not a whole number of 256-value super-blocks).
+const GEMMA3_270M_K: [(usize, usize); 2] = [(640, 1024), (640, 2048)];
 
 /// A xorshift stream: enough randomness for timing, no extra dependency.
 fn next(state: &mut u64) -> u64 {
@@ -63,6 +69,19 @@ fn random_element(dtype: DType, seed: &mut u64, out: &mut [u8]) {
                     DType::Q8_0 => ((next(seed) % 255) as i32 - 127) as i8 as u8,
                     _ => next(seed) as u8,
                 };
+            }
+        }
+        DType::Q4K | DType::Q6K => {
+            // Random quants and sub-block scales (and mins), realistic super-block scales.
+            for q in out.iter_mut() {
+                *q = next(seed) as u8;
+            }
+            let d = f16_bytes(uniform(seed, 0.0001, 1e-6));
+            if dtype == DType::Q6K {
+                out[208..210].copy_from_slice(&d);
+            } else {
+                out[0..2].copy_from_slice(&d);
+                out[2..4].copy_from_slice(&f16_bytes(uniform(seed, 0.0001, 1e-6)));
             }
         }
         DType::F32 => out.copy_from_slice(&uniform(seed, -0.05, 1e-4).to_le_bytes()),
@@ -105,8 +124,10 @@ fn main() {
         "bf16" => (DType::BF16, &QWEN3_0_6B),
         "f16" => (DType::F16, &QWEN3_0_6B),
         "f32" => (DType::F32, &QWEN3_0_6B),
+        "q4_k" => (DType::Q4K, &GEMMA3_270M_K),
+        "q6_k" => (DType::Q6K, &GEMMA3_270M_K),
         other => {
-            eprintln!("format {other:?}: expected q4_1, q4_0, q8_0, bf16, f16 or f32");
+            eprintln!("format {other:?}: expected q4_1, q4_0, q8_0, q4_k, q6_k, bf16, f16 or f32");
             std::process::exit(2);
         }
     };

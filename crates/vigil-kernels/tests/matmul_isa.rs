@@ -107,8 +107,12 @@ fn level_matches_scalar(isa: Isa, seed: u64) {
         }
         // All nibbles 15 / 0, Q8_0 weights all -128 / 127 / -127, against activations that
         // quantize to ±127 (one row alternating): the largest integer dots.
-        for &q in &[0xFFu8, 0x00, 0x80, 0x7F, 0x81] {
-            let (rows, cols, m) = (40, 2 * 256, 9);
+        // 9 rows: the Q6_K row tiles; 17: every format's GEMM.
+        for (&q, m) in [0xFFu8, 0x00, 0x80, 0x7F, 0x81]
+            .iter()
+            .zip([9, 17, 9, 17, 17])
+        {
+            let (rows, cols) = (40, 2 * 256);
             let w = weights(&mut rng, dtype, rows, cols, Some(q));
             let x: Vec<f32> = (0..m * cols)
                 .map(|k| match (k / cols) % 3 {
@@ -140,8 +144,9 @@ fn avx512_matches_scalar_bit_for_bit() {
 
 #[test]
 fn model_shapes_split_across_threads() {
-    // SmolLM2-135M's projections (576 ↔ 1536), a row count that is a multiple of 8 but not
-    // of 16 (the 16-row groups' thread split), and a prompt longer than one 64-row chunk.
+    // SmolLM2-135M's projections (576 ↔ 1536) and Gemma 3 270M's k-quant ones, a row count
+    // that is a multiple of 8 but not of 16 (the 16-row groups' thread split), and a prompt
+    // longer than one 128-row chunk.
     let mut rng = ChaCha8Rng::seed_from_u64(34);
     let pool = ThreadPool::new(2);
     for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
@@ -149,8 +154,20 @@ fn model_shapes_split_across_threads() {
             eprintln!("skipped: CPU lacks {}", isa.name());
             continue;
         }
-        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
-            for (rows, cols, m) in [(1536, 576, 70), (576, 1536, 37), (200, 576, 130)] {
+        for dtype in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q8_0,
+            DType::Q4K,
+            DType::Q6K,
+        ] {
+            let shapes: &[(usize, usize, usize)] = if dtype.block_size() == 32 {
+                &[(1536, 576, 70), (576, 1536, 37), (200, 576, 130)]
+            } else {
+                // Gemma 3 270M's down projection and attention output.
+                &[(640, 2048, 70), (640, 1024, 37), (200, 512, 130)]
+            };
+            for &(rows, cols, m) in shapes {
                 let w = weights(&mut rng, dtype, rows, cols, None);
                 let x: Vec<f32> = (0..m * cols)
                     .map(|_| rng.random_range(-1.0f32..1.0))

@@ -24,9 +24,17 @@ use std::cell::RefCell;
 /// Weight rows are split between threads in multiples of this (the decode tile's width).
 const ROW_ALIGN: usize = 8;
 /// From this many activation rows, Q4_0 / Q4_1 / Q8_0 use the repacked-weight GEMM kernels
-/// (`avx2_gemm`, `avx2_gemm_q8`, `vnni_gemm`, `avx512_gemm`); below it (decode), the row
-/// tiles that stream the weights in place.
+/// (`avx2_gemm`, `avx2_gemm_q8`, `vnni_gemm`, `avx512_gemm`), Q4_K / Q6_K theirs
+/// (`avx2_kgemm`, `avx512_kgemm`); below it (decode), the row tiles that stream the weights in
+/// place.
 const GEMM_MIN_ROWS: usize = 4;
+/// The same for Q4_K and Q6_K (`avx2_kgemm`, `avx512_kgemm`), whose packing costs more per
+/// weight (Q6_K's most: its 6-bit quants are rebuilt from two planes). Gemma 3 270M's shapes
+/// (640 × 1024 and 640 × 2048), one thread, AVX-512: Q4_K at 4 rows 0.194 ms against the row
+/// tiles' 0.187, at 8 rows 0.207 against 0.371; Q6_K at 8 rows 0.406 against 0.373, at 16
+/// rows 0.495 against 0.745.
+const Q4K_GEMM_MIN_ROWS: usize = 8;
+const Q6K_GEMM_MIN_ROWS: usize = 16;
 /// The same for the float formats (`avx2_float_gemm`): widening and packing each weight block
 /// pays off from about 8 rows (BF16 1024 × 1024, one thread: at 4 rows the row tiles took
 /// 0.17 ms and the GEMM 0.25 ms; at 8 rows 0.34 ms and 0.28 ms).
@@ -263,12 +271,19 @@ fn run(
     };
     let side = path != Path::Scalar;
     let shape = (m, cols);
-    // The 16-row GEMM groups (`avx512_gemm`) want 16-row thread ranges, so that only the
-    // matrix's last group can be partial.
+    // The 16-row GEMM groups (`avx512_gemm`, `avx512_kgemm`) want 16-row thread ranges, so
+    // that only the matrix's last group can be partial (Q5_K has no GEMM: 8 is its tile).
     let align32 = if path == Path::Avx512 && m >= GEMM_MIN_ROWS {
         16
     } else {
         ROW_ALIGN
+    };
+    let align_k = |min_rows| {
+        if path == Path::Avx512 && m >= min_rows {
+            16
+        } else {
+            ROW_ALIGN
+        }
     };
     match dtype {
         // Widened before `run` (`matmul_on`).
@@ -296,7 +311,7 @@ fn run(
         }
         DType::Q4K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
+            split_rows(pool, parts, align_k(Q4K_GEMM_MIN_ROWS), |p, r0, r1| {
                 let wb = blocks_of::<BlockQ4K>(p.w);
                 rows_k::<Q4KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
             });
@@ -310,7 +325,7 @@ fn run(
         }
         DType::Q6K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
+            split_rows(pool, parts, align_k(Q6K_GEMM_MIN_ROWS), |p, r0, r1| {
                 let wb = blocks_of::<BlockQ6K>(p.w);
                 rows_k::<Q6KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
             });
@@ -460,8 +475,12 @@ trait FmtKPath {
     );
 }
 
+/// `$avx`: the format's marker type in `quant::dot::avx2_k` (the row tiles, for every `m`
+/// unless the format has GEMM kernels). `$zmm`, `$ymm`: its repacked-weight GEMM kernels in
+/// `avx512_kgemm` (16 rows) and `avx2_kgemm` (8 rows, generic over the integer dot), used
+/// from `$min` activation rows on (`Q4K_GEMM_MIN_ROWS`, `Q6K_GEMM_MIN_ROWS`).
 macro_rules! fmtk {
-    ($name:ident, $w:ty, $dot:path, $avx:ty) => {
+    (@impl $name:ident, $w:ty, $dot:path, $avx:ty, [$($zmm:ty, $ymm:ident, $min:expr)?]) => {
         struct $name;
         impl FmtKPath for $name {
             type W = $w;
@@ -480,6 +499,30 @@ macro_rules! fmtk {
                 out: *mut f32,
             ) {
                 use crate::quant::dot::{avx2_k, vnni};
+                $(
+                    if m >= $min {
+                        use crate::quant::dot::{avx2, avx2_kgemm, avx512_kgemm};
+                        let acts = Acts32 {
+                            blocks: acts,
+                            d: &[],
+                            s: &[],
+                            ysum: &[],
+                            m,
+                            nb: acts.len() / m,
+                        };
+                        return match isa {
+                            Isa::Avx512 => {
+                                avx512_kgemm::matmul_rows::<$zmm>(w, rows, &acts, r0, r1, out)
+                            }
+                            Isa::AvxVnni => avx2_kgemm::matmul_rows_avx_vnni::<
+                                avx2_kgemm::$ymm<vnni::AvxVnni>,
+                            >(w, rows, &acts, r0, r1, out),
+                            _ => avx2_kgemm::matmul_rows::<avx2_kgemm::$ymm<avx2::Avx2>>(
+                                w, rows, &acts, r0, r1, out,
+                            ),
+                        };
+                    }
+                )?
                 match isa {
                     Isa::Avx512 => vnni::rows_k_avx512vl::<$avx>(w, rows, acts, m, r0, r1, out),
                     Isa::AvxVnni => vnni::rows_k_avx_vnni::<$avx>(w, rows, acts, m, r0, r1, out),
@@ -488,13 +531,22 @@ macro_rules! fmtk {
             }
         }
     };
+    ($name:ident, $w:ty, $dot:path, $avx:ty) => {
+        fmtk!(@impl $name, $w, $dot, $avx, []);
+    };
+    ($name:ident, $w:ty, $dot:path, $avx:ty, $zmm:ty, $ymm:ident, $min:expr) => {
+        fmtk!(@impl $name, $w, $dot, $avx, [$zmm, $ymm, $min]);
+    };
 }
 
 fmtk!(
     Q4KFmt,
     BlockQ4K,
     scalar::dot_q4k_q8k,
-    crate::quant::dot::avx2_k::Q4K
+    crate::quant::dot::avx2_k::Q4K,
+    crate::quant::dot::avx512_kgemm::Q4K16,
+    Q4K8,
+    Q4K_GEMM_MIN_ROWS
 );
 fmtk!(
     Q5KFmt,
@@ -506,7 +558,10 @@ fmtk!(
     Q6KFmt,
     BlockQ6K,
     scalar::dot_q6k_q8k,
-    crate::quant::dot::avx2_k::Q6K
+    crate::quant::dot::avx2_k::Q6K,
+    crate::quant::dot::avx512_kgemm::Q6K16,
+    Q6K8,
+    Q6K_GEMM_MIN_ROWS
 );
 
 #[allow(clippy::too_many_arguments)]

@@ -13,7 +13,8 @@
 //! steps differ (`maddubs` + `madd` through i16, `vpdpbusd` straight to i32, offsets such as
 //! Q4_0's `-8 · Σy` applied first or last) but each kernel keeps every intermediate in range,
 //! so each gives the same exact block sums. The repacked GEMM kernels share their loop
-//! (`gemm_driver`).
+//! (`gemm_driver`); the k-quant ones (`avx2_kgemm`, `avx512_kgemm`, for Q4_K and Q6_K) their
+//! weight layout too (`kgemm_pack`).
 //!
 //! Float formats (F32, F16, BF16) are reduced differently per path: the scalar path sums in
 //! order; the AVX2 path keeps 8 FMA lanes over chunks of 8, sums the lanes with a fixed tree
@@ -35,9 +36,15 @@ pub mod avx2_gemm_q8;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_k;
 #[cfg(target_arch = "x86_64")]
+pub mod avx2_kgemm;
+#[cfg(target_arch = "x86_64")]
 pub mod avx512_gemm;
 #[cfg(target_arch = "x86_64")]
+pub mod avx512_kgemm;
+#[cfg(target_arch = "x86_64")]
 pub mod gemm_driver;
+#[cfg(target_arch = "x86_64")]
+pub mod kgemm_pack;
 #[cfg(target_arch = "x86_64")]
 pub mod vnni;
 #[cfg(target_arch = "x86_64")]

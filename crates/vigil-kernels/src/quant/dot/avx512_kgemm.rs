@@ -1,0 +1,232 @@
+//! 512-bit VNNI prefill micro-kernels for Q4_K and Q6_K weights × Q8_K activations, over
+//! super-blocks of 16 weight rows repacked by `kgemm_pack` (i32 lane `k` is weight row
+//! `j0 + k`).
+//!
+//! Per super-block and activation row, each sub-block's exact integer dot accumulates in one
+//! i32 lane per weight row with `vpdpbusd` (unsigned weight quants × the activation's 4 bytes
+//! broadcast), is multiplied by the row's sub-block scale (`vpmulld`: the sums do not fit the
+//! i16 operands of `vpdpwssd`) and summed over the sub-blocks:
+//!
+//! - Q4_K: `sumi = Σ_j sc_j · Σ q·y` (8 sub-blocks of 32, quants 0..15) and
+//!   `summ = Σ_j min_j · (bsum_2j + bsum_2j+1)` (one `vpdpwssd` per sub-block on the
+//!   activation's `bsums`), folded as `super::acc_k`.
+//! - Q6_K: the quants enter unsigned (`q + 32`, 0..63), so `Σ_s sc_s · Σ (q + 32)·y` is
+//!   corrected by `-32 · Σ_s sc_s · bsum_s` (8 `vpdpwssd`); folded as `super::acc_q6k`.
+//!
+//! Every integer step is exact (at most 32 · 15 · 128 per Q4_K sub-block, 16 · 63 · 128 per
+//! Q6_K one, well inside i32 after scaling) and the float fold is the scalar path's IEEE
+//! operations per lane in block order, so every output equals `scalar::dot_q4k_q8k` /
+//! `dot_q6k_q8k` bit for bit. The loop over chunks, groups and tiles is `gemm_driver::drive`.
+
+// Index loops mirror the block layouts and the tile shapes.
+#![allow(clippy::needless_range_loop)]
+
+use super::gemm_driver::{drive, with_buffer, Repacked};
+use super::kgemm_pack::{pack_q4k, pack_q6k, PackedQ4K, PackedQ6K};
+use super::Acts32;
+use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
+use std::arch::x86_64::*;
+
+/// Activation rows per register tile: 8 `vpdpbusd` chains (one per row) hide its latency
+/// and amortize each weight load over 8 rows.
+const MR: usize = 8;
+
+/// The 16-row Q4_K kernel.
+pub struct Q4K16;
+/// The 16-row Q6_K kernel.
+pub struct Q6K16;
+
+impl Repacked for Q4K16 {
+    type W = BlockQ4K;
+    type A = BlockQ8K;
+    type Packed = PackedQ4K<16>;
+    type Lanes = __m512;
+    const NR: usize = 16;
+    #[inline]
+    unsafe fn pack(w: &[BlockQ4K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ4K<16>]) {
+        pack_q4k(w, nb, j0, r1, out)
+    }
+    #[inline]
+    unsafe fn tile<const R: usize>(
+        pk: &[PackedQ4K<16>],
+        acts: &Acts32<BlockQ8K>,
+        i0: usize,
+    ) -> [__m512; R] {
+        tile_q4k::<R>(pk, acts, i0)
+    }
+    #[inline]
+    unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
+        store16(dst, v, n)
+    }
+}
+
+impl Repacked for Q6K16 {
+    type W = BlockQ6K;
+    type A = BlockQ8K;
+    type Packed = PackedQ6K<16>;
+    type Lanes = __m512;
+    const NR: usize = 16;
+    #[inline]
+    unsafe fn pack(w: &[BlockQ6K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ6K<16>]) {
+        pack_q6k(w, nb, j0, r1, out)
+    }
+    #[inline]
+    unsafe fn tile<const R: usize>(
+        pk: &[PackedQ6K<16>],
+        acts: &Acts32<BlockQ8K>,
+        i0: usize,
+    ) -> [__m512; R] {
+        tile_q6k::<R>(pk, acts, i0)
+    }
+    #[inline]
+    unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
+        store16(dst, v, n)
+    }
+}
+
+/// 4 bytes at `p`, broadcast to every i32 lane.
+#[inline(always)]
+unsafe fn bcast4<T>(p: *const T) -> __m512i {
+    _mm512_set1_epi32(p.cast::<i32>().read_unaligned())
+}
+
+#[inline(always)]
+unsafe fn load<T>(p: &T) -> __m512i {
+    _mm512_load_si512((p as *const T).cast())
+}
+
+/// The activation rows `i0..i0 + R` as block pointers.
+#[inline(always)]
+unsafe fn act_rows<const R: usize>(acts: &Acts32<BlockQ8K>, i0: usize) -> [*const BlockQ8K; R] {
+    std::array::from_fn(|i| acts.blocks.as_ptr().add((i0 + i) * acts.nb))
+}
+
+/// Q4_K: the `R × 16` outputs of activation rows `i0..i0 + R` against one group.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_q4k<const R: usize>(
+    pk: &[PackedQ4K<16>],
+    acts: &Acts32<BlockQ8K>,
+    i0: usize,
+) -> [__m512; R] {
+    let mask = _mm512_set1_epi8(0x0F);
+    let ya = act_rows::<R>(acts, i0);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..acts.nb {
+        let p = &*pk.as_ptr().add(b);
+        let y: [&BlockQ8K; R] = std::array::from_fn(|i| &*ya[i].add(b));
+        let mut sumi = [_mm512_setzero_si512(); R];
+        for j in 0..8 {
+            let mut s = [_mm512_setzero_si512(); R];
+            for h in 0..8 {
+                let raw = load(&p.qs[j / 2][h]);
+                let q = if j % 2 == 0 {
+                    _mm512_and_si512(raw, mask)
+                } else {
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(raw), mask)
+                };
+                for i in 0..R {
+                    s[i] =
+                        _mm512_dpbusd_epi32(s[i], q, bcast4(y[i].qs.as_ptr().add(32 * j + 4 * h)));
+                }
+            }
+            let sc = _mm512_srai_epi32::<16>(load(&p.sc[j]));
+            for i in 0..R {
+                sumi[i] = _mm512_add_epi32(sumi[i], _mm512_mullo_epi32(s[i], sc));
+            }
+        }
+        let dx = _mm512_load_ps(p.d.as_ptr());
+        let dm = _mm512_load_ps(p.dmin.as_ptr());
+        for i in 0..R {
+            let mut summ = _mm512_setzero_si512();
+            for j in 0..8 {
+                summ = _mm512_dpwssd_epi32(
+                    summ,
+                    load(&p.mins[j]),
+                    bcast4(y[i].bsums.as_ptr().add(2 * j)),
+                );
+            }
+            // super::acc_k per lane.
+            let dy = _mm512_set1_ps(y[i].d);
+            let a = _mm512_mul_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(sumi[i]));
+            let m = _mm512_mul_ps(_mm512_mul_ps(dm, dy), _mm512_cvtepi32_ps(summ));
+            acc[i] = _mm512_add_ps(acc[i], _mm512_sub_ps(a, m));
+        }
+    }
+    acc
+}
+
+/// Q6_K: the `R × 16` outputs of activation rows `i0..i0 + R` against one group.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_q6k<const R: usize>(
+    pk: &[PackedQ6K<16>],
+    acts: &Acts32<BlockQ8K>,
+    i0: usize,
+) -> [__m512; R] {
+    let ya = act_rows::<R>(acts, i0);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..acts.nb {
+        let p = &*pk.as_ptr().add(b);
+        let y: [&BlockQ8K; R] = std::array::from_fn(|i| &*ya[i].add(b));
+        let mut sumi = [_mm512_setzero_si512(); R];
+        for s in 0..16 {
+            let mut t = [_mm512_setzero_si512(); R];
+            for v in 0..4 {
+                let q = load(&p.q[4 * s + v]);
+                for i in 0..R {
+                    t[i] =
+                        _mm512_dpbusd_epi32(t[i], q, bcast4(y[i].qs.as_ptr().add(16 * s + 4 * v)));
+                }
+            }
+            let sc = _mm512_srai_epi32::<16>(load(&p.sc[s]));
+            for i in 0..R {
+                sumi[i] = _mm512_add_epi32(sumi[i], _mm512_mullo_epi32(t[i], sc));
+            }
+        }
+        let dx = _mm512_load_ps(p.d.as_ptr());
+        for i in 0..R {
+            // Remove the +32 of the unsigned quants: `32 · Σ_s sc_s · bsum_s`.
+            let mut off = _mm512_setzero_si512();
+            for t in 0..8 {
+                off = _mm512_dpwssd_epi32(
+                    off,
+                    load(&p.scp[t]),
+                    bcast4(y[i].bsums.as_ptr().add(2 * t)),
+                );
+            }
+            let sumi = _mm512_sub_epi32(sumi[i], _mm512_slli_epi32::<5>(off));
+            // super::acc_q6k per lane.
+            let dy = _mm512_set1_ps(y[i].d);
+            let t = _mm512_mul_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(sumi));
+            acc[i] = _mm512_add_ps(acc[i], t);
+        }
+    }
+    acc
+}
+
+/// Write the first `n <= 16` lanes of `v` to `dst[..n]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn store16(dst: *mut f32, v: __m512, n: usize) {
+    _mm512_mask_storeu_ps(dst, ((1u32 << n) - 1) as __mmask16, v)
+}
+
+/// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`, 16 weight
+/// rows a group; `K` is `Q4K16` or `Q6K16`.
+///
+/// # Safety
+/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI available; `w` holds `rows * nb` blocks; `acts`
+/// holds `m * nb` blocks; `out` addresses `m * rows` floats and no other thread writes
+/// columns `r0..r1`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn matmul_rows<K: Repacked<A = BlockQ8K, Lanes = __m512>>(
+    w: &[K::W],
+    rows: usize,
+    acts: &Acts32<BlockQ8K>,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    with_buffer(acts.nb, |pk| drive::<K, MR>(pk, w, rows, acts, r0, r1, out))
+}
