@@ -421,8 +421,8 @@ impl BlockPool {
     /// block's ref count equals the number of tables holding it; the free list is well linked
     /// and holds exactly the blocks with no refs; free + used = all; the hash map and the
     /// blocks' cache keys agree; each table's shape matches its token count; each block's
-    /// local holders are the tables holding it at or past their horizon, and none of those
-    /// blocks has its local KV released.
+    /// local holders are the tables holding it for its local KV (at or past their horizon, or
+    /// kept), and none of those blocks has its local KV released.
     pub fn check_invariants(&self, tables: &[&BlockTable]) -> Result<(), String> {
         let n = self.blocks.len();
         let mut holders = vec![0u32; n];
@@ -430,7 +430,7 @@ impl BlockPool {
         for (t, table) in tables.iter().enumerate() {
             table.check_shape(self.block_size)?;
             for (i, &id) in table.block_ids().iter().enumerate() {
-                if i < table.horizon() || id as usize >= n {
+                if !table.needs_local(i) || id as usize >= n {
                     continue;
                 }
                 local_holders[id as usize] += 1;

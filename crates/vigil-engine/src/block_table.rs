@@ -20,8 +20,9 @@
 //!
 //! With sliding-window layers a table also keeps a *horizon* (`local_kv`): the leading blocks
 //! whose local-layer KV its next queries no longer read. [`BlockTable::slide`] moves it on as
-//! the sequence advances; `truncate` moves it back, and a caller cutting a table back must
-//! first cut to [`BlockTable::usable_len`] so that no released block is needed again.
+//! the sequence advances, keeping the blocks a query at the prompt's end reads (the same
+//! prompt again, a prompt-only pin); `truncate` moves it back, and a caller cutting a table
+//! back must first cut to [`BlockTable::usable_len`] so that no released block is needed again.
 
 use std::cell::{Ref, RefCell};
 use std::rc::Rc;
@@ -85,6 +86,7 @@ impl SharedBlockPool {
             cache_stopped: false,
             no_cache_from: usize::MAX,
             horizon: 0,
+            kept: 0..0,
         }
     }
 
@@ -155,6 +157,9 @@ pub struct BlockTable {
     /// Leading blocks whose local-layer KV this table no longer needs (`local_kv`); it is one
     /// of the local holders of every block from here on.
     horizon: usize,
+    /// Blocks before the horizon it still holds for their local-layer KV: those a query at
+    /// the prompt's end reads (see `slide`). Empty or wholly before `horizon`.
+    kept: std::ops::Range<usize>,
 }
 
 impl BlockTable {
@@ -189,12 +194,30 @@ impl BlockTable {
         self.horizon
     }
 
+    /// Whether the table holds block `i` for its local-layer KV.
+    pub(crate) fn needs_local(&self, i: usize) -> bool {
+        i >= self.horizon || self.kept.contains(&i)
+    }
+
     /// The next query is at position `q` or later: blocks no such query reads in a local
     /// layer are slid past, and those no other table needs have their local KV released
-    /// (`BlockPool::take_local_released` lists them). No-op without a local window.
-    pub fn slide(&mut self, q: usize) {
-        let first = self.pool.borrow().local.first_needed_block(q);
-        self.advance_horizon(first);
+    /// (`BlockPool::take_local_released` lists them), except the blocks a query at `prompt`
+    /// (the prompt's end) reads: a request with the same prompt, or a prompt-only pin, starts
+    /// there. That costs at most one window more per table. No-op without a local window.
+    pub fn slide(&mut self, q: usize, prompt: usize) {
+        let (to, keep_from) = {
+            let local = &self.pool.borrow().local;
+            (
+                local.first_needed_block(q),
+                local.first_needed_block(prompt),
+            )
+        };
+        let keep_from = keep_from.max(self.horizon);
+        let keep_to = prompt.div_ceil(self.block_size).min(self.blocks.len());
+        if self.kept.is_empty() && to > keep_from && keep_from < keep_to {
+            self.kept = keep_from..keep_to;
+        }
+        self.advance_horizon(to);
     }
 
     /// Slide past the first `h` blocks (see [`BlockTable::slide`]).
@@ -204,8 +227,10 @@ impl BlockTable {
             return;
         }
         let mut pool = self.pool.0.borrow_mut();
-        for &id in &self.blocks[self.horizon..h] {
-            pool.local.slide_past(id);
+        for i in self.horizon..h {
+            if !self.kept.contains(&i) {
+                pool.local.slide_past(self.blocks[i]);
+            }
         }
         self.horizon = h;
     }
@@ -306,7 +331,7 @@ impl BlockTable {
         let mut pool = self.pool.0.borrow_mut();
         for (i, &id) in self.blocks.iter().enumerate() {
             pool.touch(id);
-            if i >= self.horizon {
+            if self.needs_local(i) {
                 pool.local.hold(id);
             }
         }
@@ -320,6 +345,7 @@ impl BlockTable {
             cache_stopped: self.cache_stopped,
             no_cache_from: self.no_cache_from,
             horizon: self.horizon,
+            kept: self.kept.clone(),
         }
     }
 
@@ -332,17 +358,21 @@ impl BlockTable {
         }
         let keep = num_tokens.div_ceil(self.block_size);
         let mut pool = self.pool.0.borrow_mut();
-        for (i, id) in self.blocks.drain(keep..).enumerate().rev() {
-            if keep + i >= self.horizon {
-                pool.local.unhold(id);
+        for i in (keep..self.blocks.len()).rev() {
+            if self.needs_local(i) {
+                pool.local.unhold(self.blocks[i]);
             }
-            pool.release(id);
+            pool.release(self.blocks[i]);
         }
+        self.blocks.truncate(keep);
         let back = pool.local.first_needed_block(num_tokens).min(self.horizon);
-        for &id in &self.blocks[back..self.horizon.min(keep)] {
-            pool.local.hold(id);
+        for i in back..self.horizon.min(keep) {
+            if !self.kept.contains(&i) {
+                pool.local.hold(self.blocks[i]);
+            }
         }
         self.horizon = back.min(keep);
+        self.kept = self.kept.start.min(self.horizon)..self.kept.end.min(self.horizon);
         self.cached.truncate(num_tokens / self.block_size);
         self.num_tokens = num_tokens;
         self.cache_stopped = false;
@@ -406,7 +436,7 @@ impl Drop for BlockTable {
     fn drop(&mut self) {
         let mut pool = self.pool.0.borrow_mut();
         for (i, &id) in self.blocks.iter().enumerate().rev() {
-            if i >= self.horizon {
+            if self.needs_local(i) {
                 pool.local.unhold(id);
             }
             pool.release(id);
@@ -421,6 +451,7 @@ impl std::fmt::Debug for BlockTable {
             .field("blocks", &self.blocks)
             .field("committed", &self.cached.len())
             .field("horizon", &self.horizon)
+            .field("kept", &self.kept)
             .field("salt", &self.salt)
             .finish()
     }

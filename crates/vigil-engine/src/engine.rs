@@ -191,7 +191,7 @@ impl LlmEngine {
             .shift_kv(&mut runner.kv, &moves, -(drop as i64));
         table.stop_caching_from(keep);
         // Blocks before the next query's window may hold rows moved from released ones.
-        table.slide(keep + tail);
+        table.slide(keep + tail, keep + tail);
         let mut tokens = pin.tokens[..keep].to_vec();
         tokens.extend_from_slice(&pin.tokens[keep + drop..]);
         self.pins.save(key, tokens, table);

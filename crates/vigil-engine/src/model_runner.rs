@@ -6,7 +6,6 @@
 
 use crate::block_pool::BlockId;
 use crate::block_table::OutOfBlocks;
-use crate::pins::{PinSave, PinUse};
 use crate::scheduler::StepPlan;
 use crate::sequence::{SeqId, Sequence};
 use std::collections::HashMap;
@@ -88,16 +87,8 @@ impl ModelRunner {
             let start = seq.num_computed_tokens;
             let end = start + s.num_tokens;
             // No query of this sequence comes before `start` again (a rejected draft rolls
-            // back to the step's own tokens), except that a request saving only its prompt to
-            // a pin leaves a table that a continuation of the prompt reads.
-            let floor = match seq.pin {
-                Some(PinUse {
-                    save: Some(PinSave::Prompt),
-                    ..
-                }) => seq.num_prompt_tokens,
-                _ => usize::MAX,
-            };
-            table.slide(start.min(floor));
+            // back to the step's own tokens); what continuing its prompt reads is kept too.
+            table.slide(start, seq.num_prompt_tokens);
             // A budget that cut the draft short: verify the part that fits.
             seq.draft.truncate(end.saturating_sub(num_tokens));
             // The table may already hold slots for these tokens (prefix hits cover whole blocks
