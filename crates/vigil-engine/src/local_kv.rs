@@ -7,8 +7,9 @@
 //!
 //! A block sits at the same index in every table that holds it (forks share prefixes, prefix
 //! hits match from position 0), so each table keeps a *horizon*: the count of its leading
-//! blocks it no longer needs for local layers. The pool counts, per block, the tables holding
-//! it at or past their horizon (its *local holders*). A table's horizon moving on past a block
+//! blocks it no longer needs for local layers (less a *kept* range, the blocks a query at its
+//! prompt's end reads: see `BlockTable::slide`). The pool counts, per block, the tables
+//! holding it for its local KV (its *local holders*). A table's horizon moving on past a block
 //! (a slide) that leaves it with none *releases* the block's local KV: marked here and queued
 //! for the runner. A table dropping a block (drop, truncate, copy-on-write) leaves it
 //! unreleased even with no local holder: a finished sequence's tail still serves prefix hits.
