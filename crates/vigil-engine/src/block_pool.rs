@@ -15,11 +15,15 @@
 //! entry is evicted), and every hit compares all three. By induction along the chain a hit
 //! therefore holds exactly the same tokens after exactly the same prefix, whatever the hash does;
 //! the hash only finds the candidate.
+//!
+//! For models with sliding-window layers the pool also tracks which blocks' local-layer KV no
+//! table needs any more (`local_kv`); the blocks themselves stay held for the global layers.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
 use crate::block_table::BlockTable;
+use crate::local_kv::LocalKv;
 
 /// Index of one KV block in the pool.
 pub type BlockId = u32;
@@ -70,6 +74,7 @@ pub struct BlockPool {
     num_free: usize,
     cache: HashMap<BlockHash, BlockId>,
     hasher: BlockHasher,
+    pub(crate) local: LocalKv,
 }
 
 /// The default block hasher: SipHash-1-3 with fixed keys over (parent, salt, tokens).
@@ -111,6 +116,7 @@ impl BlockPool {
             num_free: 0,
             cache: HashMap::new(),
             hasher,
+            local: LocalKv::new(num_blocks, block_size),
         };
         for id in 0..num_blocks as BlockId {
             pool.push_back(id);
@@ -120,6 +126,40 @@ impl BlockPool {
 
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    /// The sliding window of the model's local layers, when blocks slid past are released.
+    pub fn local_window(&self) -> Option<usize> {
+        self.local.window()
+    }
+
+    /// Release the local-layer KV of blocks that every table has slid past, for a model
+    /// whose local layers see `window` keys (`None`: keep everything). Only before any block
+    /// is taken: tables keep their horizons under one window.
+    pub fn set_local_window(&mut self, window: Option<usize>) -> bool {
+        if self.num_used_blocks() > 0 {
+            return false;
+        }
+        self.local.set_window(window);
+        true
+    }
+
+    /// Whether `id`'s local-layer KV was released (see `local_kv`).
+    pub fn is_local_released(&self, id: BlockId) -> bool {
+        self.local.is_released(id)
+    }
+
+    /// Held blocks whose local-layer KV is released: only their global layers take memory.
+    pub fn num_local_released_blocks(&self) -> usize {
+        (0..self.blocks.len() as BlockId)
+            .filter(|&id| self.blocks[id as usize].ref_cnt > 0 && self.local.is_released(id))
+            .count()
+    }
+
+    /// The blocks released since the last call, for the runner to give their local-layer
+    /// pages back.
+    pub fn take_local_released(&mut self) -> Vec<BlockId> {
+        self.local.take_released()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -275,6 +315,7 @@ impl BlockPool {
         self.unlink(id);
         self.uncache(id);
         self.blocks[id as usize].ref_cnt = 1;
+        self.local.on_allocate(id);
         Some(id)
     }
 
@@ -379,12 +420,26 @@ impl BlockPool {
     /// Checks the accounting against every live table of this pool (pass them all): each
     /// block's ref count equals the number of tables holding it; the free list is well linked
     /// and holds exactly the blocks with no refs; free + used = all; the hash map and the
-    /// blocks' cache keys agree; each table's shape matches its token count.
+    /// blocks' cache keys agree; each table's shape matches its token count; each block's
+    /// local holders are the tables holding it for its local KV (at or past their horizon, or
+    /// kept), and none of those blocks has its local KV released.
     pub fn check_invariants(&self, tables: &[&BlockTable]) -> Result<(), String> {
         let n = self.blocks.len();
         let mut holders = vec![0u32; n];
+        let mut local_holders = vec![0u32; n];
         for (t, table) in tables.iter().enumerate() {
             table.check_shape(self.block_size)?;
+            for (i, &id) in table.block_ids().iter().enumerate() {
+                if !table.needs_local(i) || id as usize >= n {
+                    continue;
+                }
+                local_holders[id as usize] += 1;
+                if self.local.is_released(id) {
+                    return Err(format!(
+                        "table {t} needs block {i} ({id}) whose local KV was released"
+                    ));
+                }
+            }
             let mut ids = table.block_ids().to_vec();
             ids.sort_unstable();
             if ids.windows(2).any(|w| w[0] == w[1]) {
@@ -411,6 +466,13 @@ impl BlockPool {
                 return Err(format!(
                     "block {id}: ref_cnt {} but {} tables hold it",
                     b.ref_cnt, holders[id]
+                ));
+            }
+            if self.local.holders(id as BlockId) != local_holders[id] {
+                return Err(format!(
+                    "block {id}: {} local holders but {} tables need it",
+                    self.local.holders(id as BlockId),
+                    local_holders[id]
                 ));
             }
             if b.in_free_list != (b.ref_cnt == 0) {
@@ -485,6 +547,10 @@ mod tests {
         assert_eq!((a, b), (0, 1));
         assert_eq!(pool.num_used_blocks(), 2);
         assert!(pool.cache_full_block(a, None, &[7, 8], 0).is_some());
+        for id in [a, b] {
+            // What a table dropping its block does: it no longer needs its local KV either.
+            pool.local.unhold(id);
+        }
         pool.release(a); // cached: tail
         pool.release(b); // uncached: head
         assert_eq!(pool.free_list(), vec![1, 2, 3, 0]);

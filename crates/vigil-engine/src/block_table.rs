@@ -17,6 +17,12 @@
 //! Deferring means forks that are dropped or truncated back to a block boundary cost nothing,
 //! and a truncate into a shared block (a session rewinding to a point a fork shares) needs no
 //! allocation, so `fork` and `truncate` cannot fail.
+//!
+//! With sliding-window layers a table also keeps a *horizon* (`local_kv`): the leading blocks
+//! whose local-layer KV its next queries no longer read. [`BlockTable::slide`] moves it on as
+//! the sequence advances, keeping the blocks a query at the prompt's end reads (the same
+//! prompt again, a prompt-only pin); `truncate` moves it back, and a caller cutting a table
+//! back must first cut to [`BlockTable::usable_len`] so that no released block is needed again.
 
 use std::cell::{Ref, RefCell};
 use std::rc::Rc;
@@ -79,22 +85,45 @@ impl SharedBlockPool {
             cached: Vec::new(),
             cache_stopped: false,
             no_cache_from: usize::MAX,
+            horizon: 0,
+            kept: 0..0,
         }
     }
 
+    /// Release local-layer KV of blocks every table has slid past (`BlockPool::set_local_window`).
+    pub fn set_local_window(&self, window: Option<usize>) -> bool {
+        self.0.borrow_mut().set_local_window(window)
+    }
+
+    /// The blocks whose local-layer KV was released since the last call
+    /// (`BlockPool::take_local_released`).
+    pub fn take_local_released(&self) -> Vec<BlockId> {
+        self.0.borrow_mut().take_local_released()
+    }
+
     /// A table holding the longest cached prefix of `prompt` (whole blocks, never the last
-    /// token: see [`BlockPool::max_prefix_hit_tokens`]). Its `num_tokens()` is the number of
+    /// token: see [`BlockPool::max_prefix_hit_tokens`]) that a query may continue from (no
+    /// released block in the window before its end). Its `num_tokens()` is the number of
     /// prompt tokens whose KV is already there; the caller appends and computes the rest.
     pub fn table_with_prefix(&self, prompt: &[u32], salt: u64) -> BlockTable {
         let mut table = self.new_table(salt);
         let mut pool = self.0.borrow_mut();
+        let bs = table.block_size;
         let max = pool.max_prefix_hit_tokens(prompt.len());
-        let hits = pool.lookup_prefix_chain(&prompt[..max], salt);
-        for hit in &hits {
+        let mut hits = pool.lookup_prefix_chain(&prompt[..max], salt);
+        let ids: Vec<BlockId> = hits.iter().map(|h| h.id).collect();
+        let usable = pool.local.usable_len(&ids, hits.len() * bs);
+        hits.truncate(usable / bs);
+        let n = hits.len() * bs;
+        table.horizon = pool.local.first_needed_block(n).min(hits.len());
+        for (i, hit) in hits.iter().enumerate() {
             pool.touch(hit.id);
+            if i >= table.horizon {
+                pool.local.hold(hit.id);
+            }
         }
         table.blocks = hits.iter().map(|h| h.id).collect();
-        table.num_tokens = hits.len() * table.block_size;
+        table.num_tokens = n;
         table.cached = hits;
         table
     }
@@ -125,6 +154,12 @@ pub struct BlockTable {
     /// what computing the tokens gives (a position-shifted window), and so is every block
     /// computed after them. Kept by forks and truncation.
     no_cache_from: usize,
+    /// Leading blocks whose local-layer KV this table no longer needs (`local_kv`); it is one
+    /// of the local holders of every block from here on.
+    horizon: usize,
+    /// Blocks before the horizon it still holds for their local-layer KV: those a query at
+    /// the prompt's end reads (see `slide`). Empty or wholly before `horizon`.
+    kept: std::ops::Range<usize>,
 }
 
 impl BlockTable {
@@ -152,6 +187,59 @@ impl BlockTable {
 
     pub(crate) fn cached_chain(&self) -> &[CachedBlock] {
         &self.cached
+    }
+
+    /// Leading blocks whose local-layer KV this table no longer needs.
+    pub fn horizon(&self) -> usize {
+        self.horizon
+    }
+
+    /// Whether the table holds block `i` for its local-layer KV.
+    pub(crate) fn needs_local(&self, i: usize) -> bool {
+        i >= self.horizon || self.kept.contains(&i)
+    }
+
+    /// The next query is at position `q` or later: blocks no such query reads in a local
+    /// layer are slid past, and those no other table needs have their local KV released
+    /// (`BlockPool::take_local_released` lists them), except the blocks a query at `prompt`
+    /// (the prompt's end) reads: a request with the same prompt, or a prompt-only pin, starts
+    /// there. That costs at most one window more per table. No-op without a local window.
+    pub fn slide(&mut self, q: usize, prompt: usize) {
+        let (to, keep_from) = {
+            let local = &self.pool.borrow().local;
+            (
+                local.first_needed_block(q),
+                local.first_needed_block(prompt),
+            )
+        };
+        let keep_from = keep_from.max(self.horizon);
+        let keep_to = prompt.div_ceil(self.block_size).min(self.blocks.len());
+        if self.kept.is_empty() && to > keep_from && keep_from < keep_to {
+            self.kept = keep_from..keep_to;
+        }
+        self.advance_horizon(to);
+    }
+
+    /// Slide past the first `h` blocks (see [`BlockTable::slide`]).
+    pub(crate) fn advance_horizon(&mut self, h: usize) {
+        let h = h.min(self.blocks.len());
+        if h <= self.horizon {
+            return;
+        }
+        let mut pool = self.pool.0.borrow_mut();
+        for i in self.horizon..h {
+            if !self.kept.contains(&i) {
+                pool.local.slide_past(self.blocks[i]);
+            }
+        }
+        self.horizon = h;
+    }
+
+    /// The most tokens, up to `n`, a query may continue from: none of the blocks its window
+    /// reads had its local KV released. A caller cutting the table back cuts to this.
+    pub fn usable_len(&self, n: usize) -> usize {
+        let n = n.min(self.num_tokens);
+        self.pool.borrow().local.usable_len(&self.blocks, n)
     }
 
     /// The KV row of token `pos`, if the table has a slot for it.
@@ -203,6 +291,9 @@ impl BlockTable {
         if let (true, Some(last)) = (offset != 0, self.blocks.last_mut()) {
             if cow {
                 let dst = pool.allocate().ok_or(OutOfBlocks { needed, free: 0 })?;
+                // The partial last block is read by the next query, so within the horizon.
+                debug_assert!(self.horizon < self.num_tokens.div_ceil(bs));
+                pool.local.unhold(*last);
                 pool.release(*last);
                 copy = Some(CopyOp {
                     src_block: *last,
@@ -238,8 +329,11 @@ impl BlockTable {
     /// allocates; the first write into a shared partial block copies it.
     pub fn fork(&self) -> BlockTable {
         let mut pool = self.pool.0.borrow_mut();
-        for &id in &self.blocks {
+        for (i, &id) in self.blocks.iter().enumerate() {
             pool.touch(id);
+            if self.needs_local(i) {
+                pool.local.hold(id);
+            }
         }
         BlockTable {
             pool: self.pool.clone(),
@@ -250,20 +344,35 @@ impl BlockTable {
             cached: self.cached.clone(),
             cache_stopped: self.cache_stopped,
             no_cache_from: self.no_cache_from,
+            horizon: self.horizon,
+            kept: self.kept.clone(),
         }
     }
 
     /// Keeps the first `num_tokens` tokens and releases the blocks past them; a no-op when the
-    /// table holds no more than that.
+    /// table holds no more than that. The horizon comes back to what a query at `num_tokens`
+    /// reads: cut to no more than [`BlockTable::usable_len`], or that query reads released KV.
     pub fn truncate(&mut self, num_tokens: usize) {
         if num_tokens >= self.num_tokens {
             return;
         }
         let keep = num_tokens.div_ceil(self.block_size);
         let mut pool = self.pool.0.borrow_mut();
-        for id in self.blocks.drain(keep..).rev() {
-            pool.release(id);
+        for i in (keep..self.blocks.len()).rev() {
+            if self.needs_local(i) {
+                pool.local.unhold(self.blocks[i]);
+            }
+            pool.release(self.blocks[i]);
         }
+        self.blocks.truncate(keep);
+        let back = pool.local.first_needed_block(num_tokens).min(self.horizon);
+        for i in back..self.horizon.min(keep) {
+            if !self.kept.contains(&i) {
+                pool.local.hold(self.blocks[i]);
+            }
+        }
+        self.horizon = back.min(keep);
+        self.kept = self.kept.start.min(self.horizon)..self.kept.end.min(self.horizon);
         self.cached.truncate(num_tokens / self.block_size);
         self.num_tokens = num_tokens;
         self.cache_stopped = false;
@@ -305,6 +414,13 @@ impl BlockTable {
                 self.num_tokens
             ));
         }
+        if self.horizon > self.blocks.len() {
+            return Err(format!(
+                "table's horizon {} is past its {} blocks",
+                self.horizon,
+                self.blocks.len()
+            ));
+        }
         if self.cached.len() > self.num_tokens / block_size {
             return Err(format!(
                 "table commits {} blocks but has {} full",
@@ -319,7 +435,10 @@ impl BlockTable {
 impl Drop for BlockTable {
     fn drop(&mut self) {
         let mut pool = self.pool.0.borrow_mut();
-        for &id in self.blocks.iter().rev() {
+        for (i, &id) in self.blocks.iter().enumerate().rev() {
+            if self.needs_local(i) {
+                pool.local.unhold(id);
+            }
             pool.release(id);
         }
     }
@@ -331,6 +450,8 @@ impl std::fmt::Debug for BlockTable {
             .field("num_tokens", &self.num_tokens)
             .field("blocks", &self.blocks)
             .field("committed", &self.cached.len())
+            .field("horizon", &self.horizon)
+            .field("kept", &self.kept)
             .field("salt", &self.salt)
             .finish()
     }

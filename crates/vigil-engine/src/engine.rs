@@ -1,5 +1,9 @@
 //! The engine loop: `step()` = schedule → prepare + run → sample and postprocess. Owns the
 //! sequences, the block pool, the scheduler and the model runner as plain data.
+//!
+//! A model with sliding-window layers gives back the local-layer KV of blocks no sequence,
+//! fork or pin will read there again (`local_kv`); every path that reuses KV (prefix hits,
+//! pin forks, shifts, restores) keeps to the part a query may still continue from.
 
 use crate::block_table::{OutOfBlocks, SharedBlockPool};
 use crate::model_runner::{ModelRunner, RowUse};
@@ -48,6 +52,7 @@ pub struct LlmEngine {
 impl LlmEngine {
     pub fn new(runner: ModelRunner, config: SchedulerConfig) -> Self {
         let pool = SharedBlockPool::new(runner.kv.num_blocks, runner.kv.block_size);
+        pool.set_local_window(runner.local_window());
         LlmEngine {
             runner,
             pool,
@@ -61,6 +66,22 @@ impl LlmEngine {
             next_id: 1,
             logits_row: Vec::new(),
         }
+    }
+
+    /// Give back the local-layer KV of blocks slid past (the default for a model with
+    /// sliding-window layers), or keep all of it. Only before any block is taken; whether it
+    /// was set.
+    pub fn set_local_kv_release(&mut self, on: bool) -> bool {
+        let window = if on { self.runner.local_window() } else { None };
+        self.pool.set_local_window(window)
+    }
+
+    /// Give back the pages of the blocks whose local-layer KV was released since last time.
+    fn release_local_kv(&mut self) {
+        let blocks = self.pool.take_local_released();
+        let pool = self.pool.borrow();
+        self.runner
+            .release_local_kv(&blocks, |id| pool.is_local_released(id));
     }
 
     /// Queue a foreground request.
@@ -135,6 +156,21 @@ impl LlmEngine {
             return false;
         }
         let tail = n - keep - drop;
+        // The next query (at `keep + tail`) reads, in local layers, rows kept or moved from
+        // the old table: none may come from a block whose local KV was released.
+        let released = {
+            let pool = self.pool.borrow();
+            let bs = pool.block_size();
+            let first = pool.local.first_needed_block(keep + tail) * bs;
+            let source = |p: usize| if p < keep { p } else { p + drop };
+            (first..keep + tail).any(|p| {
+                let block = old.block_ids().get(source(p) / bs);
+                block.is_none_or(|&b| pool.is_local_released(b))
+            })
+        };
+        if released {
+            return false;
+        }
         let mut table = old.fork();
         table.truncate(keep);
         let Ok(appended) = table.append_slots(tail) else {
@@ -154,9 +190,12 @@ impl LlmEngine {
             .model
             .shift_kv(&mut runner.kv, &moves, -(drop as i64));
         table.stop_caching_from(keep);
+        // Blocks before the next query's window may hold rows moved from released ones.
+        table.slide(keep + tail, keep + tail);
         let mut tokens = pin.tokens[..keep].to_vec();
         tokens.extend_from_slice(&pin.tokens[keep + drop..]);
         self.pins.save(key, tokens, table);
+        self.release_local_kv();
         true
     }
 
@@ -167,12 +206,17 @@ impl LlmEngine {
         let n = table.num_tokens().min(pin.tokens.len());
         let slots: Option<Vec<usize>> = (0..n).map(|p| table.slot(p)).collect();
         let kv = &self.runner.kv;
+        let pool = self.pool.borrow();
+        let bs = pool.block_size();
+        let last_released =
+            (table.block_ids()[..n.div_ceil(bs)].iter()).rposition(|&b| pool.is_local_released(b));
         Some(PinKv {
             tokens: pin.tokens[..n].to_vec(),
             rows: kv.read_rows(&slots?),
             dtype: kv.dtype(),
             num_layers: kv.num_layers(),
             kv_dim: kv.kv_dim,
+            local_from: last_released.map_or(0, |r| ((r + 1) * bs).min(n)),
         })
     }
 
@@ -180,7 +224,7 @@ impl LlmEngine {
     /// `key` holds, unless the pin already holds KV; whether it did. `cacheable`: the rows
     /// are what a prefill of the tokens computes (not position-shifted), so their full blocks
     /// may serve other requests from the prefix cache.
-    pub fn write_pin(&mut self, key: PinKey, kv: PinKv, cacheable: bool) -> bool {
+    pub fn write_pin(&mut self, key: PinKey, mut kv: PinKv, cacheable: bool) -> bool {
         let held = self.pins.get(key).is_some_and(|p| p.num_kv_tokens() > 0);
         let c = &self.runner.kv;
         let fits =
@@ -195,12 +239,25 @@ impl LlmEngine {
         if !self.runner.kv.write_rows(&appended.slots, &kv.rows) {
             return false;
         }
+        // Rows before `local_from` lack their local-layer KV: those blocks are released, and
+        // the pin keeps no more than a query can continue from.
+        let bs = self.pool.borrow().block_size();
+        table.advance_horizon(kv.local_from.div_ceil(bs));
+        let usable = table.usable_len(kv.tokens.len());
+        if usable == 0 {
+            drop(table);
+            self.release_local_kv();
+            return false;
+        }
+        table.truncate(usable);
+        kv.tokens.truncate(usable);
         if cacheable {
             table.commit_full_blocks(&kv.tokens);
         } else {
             table.stop_caching_from(0);
         }
         self.pins.save(key, kv.tokens, table);
+        self.release_local_kv();
         true
     }
 
@@ -298,6 +355,7 @@ impl LlmEngine {
             }
         }
         let sampling = self.runner.prepare(&plan, &mut self.seqs)?;
+        self.release_local_kv();
         let drafted: Vec<SeqId> = (sampling.iter())
             .filter(|(_, u)| *u == RowUse::Draft(0))
             .map(|&(id, _)| id)

@@ -8,6 +8,7 @@ pub mod constraint;
 pub mod engine;
 pub mod engine_thread;
 pub mod grammar;
+mod local_kv;
 pub mod model_runner;
 pub mod pins;
 pub mod sampling;

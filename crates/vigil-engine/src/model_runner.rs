@@ -1,7 +1,10 @@
 //! Turns a `StepPlan` into the model's flat `StepInput` (reserving KV slots, applying
 //! copy-on-write copies), runs the forward pass, and hands back one logits row per sequence
-//! that samples this step.
+//! that samples this step. Before a sequence's tokens go in, its table slides past the blocks
+//! its queries no longer read in sliding-window layers (`BlockTable::slide`); the engine then
+//! gives back the local-layer KV that released (`ModelRunner::release_local_kv`).
 
+use crate::block_pool::BlockId;
 use crate::block_table::OutOfBlocks;
 use crate::scheduler::StepPlan;
 use crate::sequence::{SeqId, Sequence};
@@ -14,6 +17,8 @@ pub struct ModelRunner {
     pub model: Model,
     pub kv: KvCache,
     input: StepInput,
+    /// The sliding-window layers, whose KV of released blocks is given back.
+    local_layers: Vec<usize>,
 }
 
 /// What a logits row is for: the sequence's next token, checking draft token `i` (the pick
@@ -34,10 +39,31 @@ pub struct StepLogits<'a> {
 
 impl ModelRunner {
     pub fn new(model: Model, kv: KvCache) -> Self {
+        let c = &model.config;
+        let local_layers = (0..c.num_layers)
+            .filter(|&l| c.layer_window(l).is_some())
+            .collect();
         ModelRunner {
             model,
             kv,
             input: StepInput::default(),
+            local_layers,
+        }
+    }
+
+    /// The window of the model's sliding-window layers, if it has any.
+    pub fn local_window(&self) -> Option<usize> {
+        let c = &self.model.config;
+        (self.local_layers.iter())
+            .filter_map(|&l| c.layer_window(l))
+            .min()
+    }
+
+    /// Give back the local-layer KV of `blocks` (those `released` still says are released:
+    /// one may have been allocated again since it was queued).
+    pub fn release_local_kv(&mut self, blocks: &[BlockId], released: impl Fn(BlockId) -> bool) {
+        if !blocks.is_empty() {
+            self.kv.release_blocks(&self.local_layers, blocks, released);
         }
     }
 
@@ -60,6 +86,9 @@ impl ModelRunner {
             };
             let start = seq.num_computed_tokens;
             let end = start + s.num_tokens;
+            // No query of this sequence comes before `start` again (a rejected draft rolls
+            // back to the step's own tokens); what continuing its prompt reads is kept too.
+            table.slide(start, seq.num_prompt_tokens);
             // A budget that cut the draft short: verify the part that fits.
             seq.draft.truncate(end.saturating_sub(num_tokens));
             // The table may already hold slots for these tokens (prefix hits cover whole blocks

@@ -47,6 +47,9 @@ pub struct PinKv {
     pub dtype: vigil_model::kv_cache::KvDtype,
     pub num_layers: usize,
     pub kv_dim: usize,
+    /// Rows of tokens before this one lack their sliding-window layers' KV (it was released;
+    /// they read as zeros there): a restore reuses no more than a query can continue from.
+    pub local_from: usize,
 }
 
 impl PinKv {
@@ -133,7 +136,8 @@ impl PinStore {
             let len = common_prefix_len(tokens, prompt)
                 .min(table.num_tokens())
                 .min(prompt.len().saturating_sub(1));
-            (len, table)
+            // Never back into sliding-window KV that was released.
+            (table.usable_len(len), table)
         }
         let (len, table) = [current, previous]
             .into_iter()

@@ -3,9 +3,13 @@
 //! `vigil_kernels::attention::key_index`). Which slots belong to whom is the engine's
 //! `BlockPool`'s business, not this file's. Rows leave and enter this file (`read_rows`,
 //! `write_rows`) in slot order whatever the layout, so saved sessions do not depend on it.
+//! Each tensor is a [`KvBuf`]: memory is taken as rows are written, and the rows of blocks
+//! that no sliding-window layer will read again are given back (`release_blocks`).
 
 use half::f16;
 use vigil_kernels::attention::key_index;
+
+use crate::kv_buf::{page_size, KvBuf};
 
 /// Element type of the cache. F16 halves memory; F32 is exact (used by numeric tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,8 +28,8 @@ impl KvDtype {
 }
 
 pub(crate) enum KvLayers {
-    F16(Vec<[Vec<f16>; 2]>),
-    F32(Vec<[Vec<f32>; 2]>),
+    F16(Vec<[KvBuf<f16>; 2]>),
+    F32(Vec<[KvBuf<f32>; 2]>),
 }
 
 pub struct KvCache {
@@ -44,17 +48,17 @@ impl KvCache {
         dtype: KvDtype,
     ) -> Self {
         let n = num_blocks * block_size * kv_dim;
-        // Zeroed allocations: the OS maps pages on first write, so resident memory grows with
-        // the blocks used, not the pool's size (`vec![f16::ZERO; n]` would write every page).
+        // Zeroed mappings: the OS maps pages on first write, so resident memory grows with
+        // the blocks used, not the pool's size.
         let layers = match dtype {
             KvDtype::F16 => KvLayers::F16(
                 (0..num_layers)
-                    .map(|_| [bytemuck::zeroed_vec(n), bytemuck::zeroed_vec(n)])
+                    .map(|_| [KvBuf::zeroed(n), KvBuf::zeroed(n)])
                     .collect(),
             ),
             KvDtype::F32 => KvLayers::F32(
                 (0..num_layers)
-                    .map(|_| [bytemuck::zeroed_vec(n), bytemuck::zeroed_vec(n)])
+                    .map(|_| [KvBuf::zeroed(n), KvBuf::zeroed(n)])
                     .collect(),
             ),
         };
@@ -85,11 +89,77 @@ impl KvCache {
         }
     }
 
+    /// Give back the memory of `blocks` in `layers` (the sliding-window layers): every page
+    /// lying wholly inside blocks that `released` says no one will read there again. A page
+    /// shared with a block still in use stays, so with blocks smaller than a page memory goes
+    /// back once all the blocks on a page are released. Released rows read as zeros.
+    pub fn release_blocks(
+        &mut self,
+        layers: &[usize],
+        blocks: &[u32],
+        released: impl Fn(u32) -> bool,
+    ) {
+        fn each<E: bytemuck::Pod>(
+            bufs: &mut [[KvBuf<E>; 2]],
+            layers: &[usize],
+            runs: &[(usize, usize)],
+        ) {
+            for &l in layers {
+                let Some(kv) = bufs.get_mut(l) else { continue };
+                for buf in kv.iter_mut() {
+                    for &(lo, hi) in runs {
+                        buf.release(lo..hi);
+                    }
+                }
+            }
+        }
+        let block_elems = self.block_size * self.kv_dim;
+        let block_bytes = block_elems * self.dtype().size();
+        let (Some(page), false) = (page_size(), block_bytes == 0) else {
+            return;
+        };
+        // The pages touching a block reach at most this many blocks to either side.
+        let reach = page.div_ceil(block_bytes) as u32;
+        let last = self.num_blocks as u32;
+        let runs: Vec<(usize, usize)> = (blocks.iter().copied())
+            .filter(|&b| b < last && released(b))
+            .map(|b| {
+                let lo = (b.saturating_sub(reach)..b)
+                    .rev()
+                    .take_while(|&x| released(x))
+                    .last();
+                let hi = (b + 1..(b + 1 + reach).min(last))
+                    .take_while(|&x| released(x))
+                    .last();
+                let (lo, hi) = (lo.unwrap_or(b) as usize, hi.unwrap_or(b) as usize + 1);
+                (lo * block_elems, hi * block_elems)
+            })
+            .collect();
+        match &mut self.layers {
+            KvLayers::F16(l) => each(l, layers, &runs),
+            KvLayers::F32(l) => each(l, layers, &runs),
+        }
+    }
+
+    /// Bytes of the KV tensors held in memory now, per layer (K and V together); `None`
+    /// where the OS cannot tell.
+    pub fn resident_bytes(&self) -> Option<Vec<usize>> {
+        fn each<E: bytemuck::Pod>(bufs: &[[KvBuf<E>; 2]]) -> Option<Vec<usize>> {
+            (bufs.iter())
+                .map(|[k, v]| Some(k.resident_bytes()? + v.resident_bytes()?))
+                .collect()
+        }
+        match &self.layers {
+            KvLayers::F16(l) => each(l),
+            KvLayers::F32(l) => each(l),
+        }
+    }
+
     /// The rows at `slots`, in order, from every layer, as the cache's bytes: layer by layer,
     /// the keys then the values (what `write_rows` takes back).
     pub fn read_rows(&self, slots: &[usize]) -> Vec<u8> {
         fn each<E: bytemuck::Pod>(
-            layers: &[[Vec<E>; 2]],
+            layers: &[[KvBuf<E>; 2]],
             slots: &[usize],
             d: usize,
             bs: usize,
@@ -118,7 +188,7 @@ impl KvCache {
     /// when `bytes` is not exactly that many rows of this cache.
     pub fn write_rows(&mut self, slots: &[usize], bytes: &[u8]) -> bool {
         fn each<E: bytemuck::Pod>(
-            layers: &mut [[Vec<E>; 2]],
+            layers: &mut [[KvBuf<E>; 2]],
             slots: &[usize],
             (d, bs): (usize, usize),
             bytes: &[u8],
@@ -152,8 +222,8 @@ impl KvCache {
     /// Copy the first `num_tokens` rows of block `src` into block `dst` in every layer
     /// (copy-on-write of a shared partial block).
     pub fn copy_block(&mut self, src: u32, dst: u32, num_tokens: usize) {
-        fn each<E: Copy>(
-            layers: &mut [[Vec<E>; 2]],
+        fn each<E: bytemuck::Pod>(
+            layers: &mut [[KvBuf<E>; 2]],
             src: u32,
             dst: u32,
             n: usize,
@@ -185,8 +255,8 @@ impl KvCache {
         moves: &[(usize, usize)],
         rotate: impl Fn(usize, &mut [f32]),
     ) {
-        fn each<E: Copy>(
-            layers: &mut [[Vec<E>; 2]],
+        fn each<E: bytemuck::Pod>(
+            layers: &mut [[KvBuf<E>; 2]],
             moves: &[(usize, usize)],
             (d, bs): (usize, usize),
             to: impl Fn(E) -> f32,

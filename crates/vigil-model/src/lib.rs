@@ -13,6 +13,7 @@ pub mod tokenizer;
 
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
+pub mod kv_buf;
 pub mod kv_cache;
 pub mod load;
 pub mod loader;

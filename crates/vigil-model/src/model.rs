@@ -5,6 +5,7 @@
 //! sample.
 
 use crate::config::{Activation, ModelConfig, RopeStyle};
+use crate::kv_buf::KvBuf;
 use crate::kv_cache::{KvCache, KvLayers};
 use crate::step_input::StepInput;
 use crate::weights::{FeedForward, Mlp, ModelWeights, Moe};
@@ -283,10 +284,10 @@ fn residual(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attend<E: KvElem>(
+fn attend<E: KvElem + bytemuck::Pod>(
     pool: &ThreadPool,
     shape: AttnShape,
-    layer_kv: &mut [Vec<E>; 2],
+    layer_kv: &mut [KvBuf<E>; 2],
     q: &[f32],
     k: &[f32],
     v: &[f32],

@@ -26,6 +26,13 @@ struct Header {
     num_layers: usize,
     kv_dim: usize,
     tokens: Vec<u32>,
+    /// `PinKv::local_from`; absent (0) when every row is whole, as in files of older builds.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    local_from: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 pub struct KvDisk {
@@ -64,6 +71,7 @@ impl KvDisk {
             num_layers: kv.num_layers,
             kv_dim: kv.kv_dim,
             tokens: kv.tokens.clone(),
+            local_from: kv.local_from,
         };
         let mut buf = frame::header(KV_MAGIC).to_vec();
         frame::frame(&serde_json::to_vec(&header)?, &mut buf);
@@ -147,6 +155,7 @@ fn parse(bytes: &[u8], fingerprint: &Fingerprint) -> Result<PinKv, String> {
         dtype: if h.f16 { KvDtype::F16 } else { KvDtype::F32 },
         num_layers: h.num_layers,
         kv_dim: h.kv_dim,
+        local_from: h.local_from,
     };
     if kv.rows.len() != kv.tokens.len() * kv.row_bytes() {
         return Err("rows do not match the tokens".into());
@@ -167,6 +176,7 @@ mod tests {
             dtype: KvDtype::F16,
             num_layers: 2,
             kv_dim: 4,
+            local_from: n / 2,
         }
     }
 
