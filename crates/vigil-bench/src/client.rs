@@ -494,8 +494,10 @@ mod tests {
                         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
                         body.len()
                     );
-                    let _ = sock.write_all(reply.as_bytes());
+                    // Counted before it is sent: the client may check the count as soon as
+                    // the reply arrives.
                     count.fetch_add(1, Ordering::SeqCst);
+                    let _ = sock.write_all(reply.as_bytes());
                     // The next request on this connection: read it, answer nothing, close.
                     let _ = sock.read(&mut buf);
                 });
