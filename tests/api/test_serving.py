@@ -317,6 +317,7 @@ def test_health_while_loading(gguf):
     try:
         seen: list[tuple[str, int]] = []
         bodies_503: list[dict] = []
+        resets = 0
         deadline = time.monotonic() + 120
         ready = False
         while time.monotonic() < deadline and not ready:
@@ -325,6 +326,11 @@ def test_health_while_loading(gguf):
                 try:
                     r = httpx.get(server.url + path, timeout=5)
                 except httpx.ConnectError:
+                    continue
+                except (httpx.ReadError, httpx.RemoteProtocolError):
+                    # A connection the loading server accepted in the instant it hands the
+                    # socket to the ready one is closed unread (a reset); a client retries.
+                    resets += 1
                     continue
                 seen.append((path, r.status_code))
                 if path == "/health":
@@ -337,6 +343,8 @@ def test_health_while_loading(gguf):
             time.sleep(0.01)
         assert ready, f"never ready; saw {seen[-5:]}"
         problems = []
+        if resets > 1:
+            problems.append(f"{resets} connections reset while loading: only the hand-over may drop one")
         unexpected = sorted({(p, s) for p, s in seen if s >= 500 and not (p == "/health" and s == 503)})
         if unexpected:
             problems.append(f"5xx other than /health's 503 while loading (/v1/models must work): {unexpected}")
