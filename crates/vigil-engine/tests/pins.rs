@@ -4,26 +4,12 @@
 
 mod common;
 
+use common::{greedy, stop};
+
 use vigil_engine::engine::LlmEngine;
 use vigil_engine::pins::{PinSave, PinUse};
-use vigil_engine::sampling::SamplingParams;
 use vigil_engine::scheduler::SchedulerConfig;
-use vigil_engine::sequence::{Priority, SeqId, StopCriteria};
-
-fn stop(max_tokens: usize) -> StopCriteria {
-    StopCriteria {
-        max_tokens,
-        stop_token_ids: vec![],
-        ignore_eos: true,
-    }
-}
-
-fn greedy() -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        ..SamplingParams::default()
-    }
-}
+use vigil_engine::sequence::{Priority, SeqId};
 
 fn tokens(seed: u32, n: usize) -> Vec<u32> {
     (0..n as u32)

@@ -5,13 +5,14 @@
 
 mod common;
 
+use common::{greedy, stop};
+
 use std::path::Path;
 use vigil_engine::engine::LlmEngine;
 use vigil_engine::model_runner::ModelRunner;
 use vigil_engine::pins::{PinSave, PinUse};
-use vigil_engine::sampling::SamplingParams;
 use vigil_engine::scheduler::SchedulerConfig;
-use vigil_engine::sequence::{Priority, SeqId, StopCriteria};
+use vigil_engine::sequence::{Priority, SeqId};
 use vigil_engine::speculative::SpecMethod;
 use vigil_model::kv_cache::{KvCache, KvDtype};
 use vigil_model::load::LoadOptions;
@@ -33,21 +34,6 @@ fn gemma(num_blocks: usize, block: usize, release: bool, config: SchedulerConfig
     assert_eq!(e.pool.borrow().local_window(), Some(WINDOW));
     assert!(e.set_local_kv_release(release));
     e
-}
-
-fn stop(max_tokens: usize) -> StopCriteria {
-    StopCriteria {
-        max_tokens,
-        stop_token_ids: vec![],
-        ignore_eos: true,
-    }
-}
-
-fn greedy() -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        ..SamplingParams::default()
-    }
 }
 
 fn tokens(seed: u32, n: usize) -> Vec<u32> {

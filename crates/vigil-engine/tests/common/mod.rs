@@ -6,7 +6,9 @@
 use std::path::Path;
 use vigil_engine::engine::LlmEngine;
 use vigil_engine::model_runner::ModelRunner;
+use vigil_engine::sampling::SamplingParams;
 use vigil_engine::scheduler::SchedulerConfig;
+use vigil_engine::sequence::StopCriteria;
 use vigil_model::kv_cache::{KvCache, KvDtype};
 use vigil_model::load::LoadOptions;
 
@@ -57,5 +59,22 @@ impl Lcg {
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         (self.0 >> 33) % n
+    }
+}
+
+/// Exactly `max_tokens` tokens: no stop tokens, EOS ignored.
+pub fn stop(max_tokens: usize) -> StopCriteria {
+    StopCriteria {
+        max_tokens,
+        stop_token_ids: vec![],
+        ignore_eos: true,
+    }
+}
+
+/// Greedy sampling.
+pub fn greedy() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        ..SamplingParams::default()
     }
 }

@@ -124,9 +124,9 @@ fn matmul_group_on(
 ) {
     assert_eq!(ws.len(), outs.len(), "matmul_group: one output per matrix");
     let Some(first) = ws.first() else { return };
-    let shared = ws.iter().all(|w| {
-        w.dtype == first.dtype && w.cols == first.cols && crate::quant::widen::widened(w).is_none()
-    });
+    // Q5_0 is widened per call when a loader did not (`matmul_on`); those go one by one.
+    let shared = (ws.iter())
+        .all(|w| w.dtype == first.dtype && w.cols == first.cols && w.dtype != DType::Q5_0);
     if !shared {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             matmul_on(pool, path, w, x, m, out);
