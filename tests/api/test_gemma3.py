@@ -2,8 +2,10 @@
 vocabulary; no chat template) served by Vigil, against llama.cpp: teacher-forced, Vigil's most
 likely token at each step of llama.cpp's greedy continuation (tests/fixtures/gemma3, made by
 scripts/make_gemma_llamacpp_refs.py with a natively built llama-server) is llama.cpp's own
-choice at 97 % of the steps (measured 497 of 512); where they differ, llama.cpp itself was
-nearly undecided. Also: plain completion works without a template, and chat is refused by name."""
+choice at least as often as llama.cpp agrees with itself along another path (batch instead of
+decode steps, flash attention off or on: 495–502 of 512, the lowest is the bar;
+scripts/llamacpp_self_agreement_gemma.py). Measured 497 of 512; where they differ, llama.cpp
+itself was nearly undecided. Also: plain completion works without a template, and chat is refused by name."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def gemma():
 
 
 def test_teacher_forced_top1_agrees_with_llama_cpp(gemma):
-    refs = json.loads(REFS.read_text())["cases"]
+    fixture = json.loads(REFS.read_text())
+    refs = fixture["cases"]
     agree = total = 0
     undecided = []
     for case in refs:
@@ -52,7 +55,10 @@ def test_teacher_forced_top1_agrees_with_llama_cpp(gemma):
                 (a, la), (_, lb) = case["top2"][i]
                 undecided.append(la - lb)
     assert total == 8 * 64
-    assert agree / total >= 0.95, (agree, total)
+    # llama.cpp's own agreement along its other paths is the bar.
+    floor, of = fixture["self_agreement"]["lowest"]
+    assert of == total
+    assert agree >= floor, (agree, floor, total)
     # Where Vigil picks another token, llama.cpp's own top two were close.
     assert all(margin < 1.0 for margin in undecided), undecided
 
