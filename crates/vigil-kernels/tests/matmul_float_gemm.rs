@@ -2,8 +2,9 @@
 //! per (activation row, weight row) pair one 8-lane FMA accumulator over the column chunks of
 //! 8 in order, the lanes summed by `hsum8`'s tree, then the `cols % 8` tail added in order.
 //! The contract is emulated here in scalar code (`f32::mul_add` is the fused multiply-add), so
-//! the decode row tiles and the prefill GEMM (`quant::dot::avx2_float_gemm`) are both held to
-//! it at ragged shapes: activation rows around the GEMM's threshold (8), its tile (3 rows) and
+//! the decode row tiles and the prefill GEMM (`quant::dot::avx2_float_gemm`, and its AVX-512
+//! tiles `avx512_float_gemm`) are held to it on every level the CPU has (a level it lacks is
+//! skipped with a "skipped: CPU lacks ..." line on stderr), at ragged shapes: activation rows around the GEMM's threshold (8), its tile (3 rows) and
 //! its chunks (66 rows at 1003 columns, 33 at 3077), weight rows not a multiple of its 4-row
 //! group or of the threads' 8-row split, columns not a multiple of 8 and spanning several
 //! 512-column blocks.
@@ -11,7 +12,8 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
-use vigil_kernels::matmul::matmul;
+use vigil_kernels::cpu::{self, Isa};
+use vigil_kernels::matmul::matmul_isa;
 use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::storage::AlignedBytes;
 use vigil_kernels::{DType, QMatrix, WeightData};
@@ -68,6 +70,7 @@ fn contract_dot(w: &[f32], x: &[f32]) -> f32 {
 }
 
 fn check(
+    isa: Isa,
     pools: &[ThreadPool],
     rng: &mut ChaCha8Rng,
     dtype: DType,
@@ -87,12 +90,13 @@ fn check(
         .collect();
     for pool in pools {
         let mut out = vec![f32::NAN; m * rows];
-        matmul(pool, &w, &x, m, &mut out);
+        matmul_isa(pool, isa, &w, &x, m, &mut out);
         for (k, (&got, &want)) in out.iter().zip(&expected).enumerate() {
             assert_eq!(
                 got.to_bits(),
                 want,
-                "{dtype} m={m} rows={rows} cols={cols} threads={} out[{}][{}]: {} vs {}",
+                "{} {dtype} m={m} rows={rows} cols={cols} threads={} out[{}][{}]: {} vs {}",
+                isa.name(),
                 pool.num_threads(),
                 k / rows,
                 k % rows,
@@ -103,22 +107,37 @@ fn check(
     }
 }
 
-#[test]
-fn float_matmul_follows_the_contract_at_ragged_shapes() {
-    let mut rng = ChaCha8Rng::seed_from_u64(29);
+/// Every shape on level `isa`, or a "skipped" line if the CPU lacks it.
+fn level_follows_the_contract(isa: Isa, seed: u64) {
+    if !cpu::detected().has(isa) {
+        eprintln!("skipped: CPU lacks {}", isa.name());
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        for m in [1, 2, 3, 4, 5, 7, 8, 9, 13, 64, 65, 130, 200] {
+        // Around the GEMM's threshold (8) and both tile heights (3 and 6), and several chunks.
+        for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 64, 65, 130, 200] {
             for (rows, cols) in [(13, 1003), (37, 1000), (8, 16)] {
-                check(&pools, &mut rng, dtype, m, rows, cols);
+                check(isa, &pools, &mut rng, dtype, m, rows, cols);
             }
         }
         // Narrower than one chunk of 8, and wider than several column blocks.
         for m in [4, 5] {
-            check(&pools, &mut rng, dtype, m, 6, 5);
+            check(isa, &pools, &mut rng, dtype, m, 6, 5);
         }
         for m in [3, 8, 65, 130] {
-            check(&pools, &mut rng, dtype, m, 21, 3077);
+            check(isa, &pools, &mut rng, dtype, m, 21, 3077);
         }
     }
+}
+
+#[test]
+fn avx2_float_matmul_follows_the_contract_at_ragged_shapes() {
+    level_follows_the_contract(Isa::Avx2, 29);
+}
+
+#[test]
+fn avx512_float_matmul_follows_the_contract_at_ragged_shapes() {
+    level_follows_the_contract(Isa::Avx512, 31);
 }

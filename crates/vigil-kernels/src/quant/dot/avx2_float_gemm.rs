@@ -1,15 +1,16 @@
-//! AVX2 prefill GEMM for float weights (F32, F16, BF16) × f32 activations.
+//! AVX2 prefill GEMM for float weights (F32, F16, BF16) × f32 activations, and the driver the
+//! AVX-512 tiles (`avx512_float_gemm`) share.
 //!
 //! Same numerics as the row tiles of `avx2_float`, bit for bit: per (activation row, weight
 //! row) pair one 8-lane FMA accumulator over the column chunks of 8 in order, `hsum8`'s tree,
 //! then the `cols % 8` tail in order. What changes is only where the operands come from:
 //!
 //! - A group of `NR` weight rows is widened to f32 once per block of `KC` columns into a
-//!   thread-local, 32-byte aligned buffer (the `NR` rows' chunk `s` side by side), so the
+//!   thread-local, 64-byte aligned buffer (the `NR` rows' chunk `s` side by side), so the
 //!   tile does plain aligned loads from L1 instead of converting every load (widening BF16 /
 //!   F16 to f32 is exact, so the products do not change).
-//! - A tile is `MR` activation rows × `NR` weight rows: 12 accumulators, so each activation
-//!   vector (streamed from L2) serves `NR` FMAs.
+//! - A tile is `MR` activation rows × `NR` weight rows (AVX2: 3 × 4, 12 accumulators), so
+//!   each activation vector (streamed from L2) serves `NR` FMAs.
 //! - Columns are blocked by `KC` so the widened block stays in L1 and the chunk's activation
 //!   block in L2 even for wide rows. The accumulators are stored to a per-chunk buffer
 //!   between blocks and reloaded: the register value carried across is the same, so the
@@ -22,13 +23,41 @@ use super::avx2_float::{hsum8, FloatW};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-/// Activation rows per tile.
-const MR: usize = 3;
-/// Weight rows per group and tile: with `MR`, 12 accumulators, 3 activation and 1 weight
-/// register.
-const NR: usize = 4;
-/// Columns per block (a multiple of 8): the `NR` widened rows of a block take 8 KiB of L1.
+/// A tile kernel the driver runs: `MR` activation rows × `NR` weight rows (a multiple of 4).
+pub(super) trait Tiles {
+    const MR: usize;
+    const NR: usize;
+    /// Run `steps` chunks of a packed tile of `r` (1..=MR) activation rows against the widened
+    /// weight block, carrying the accumulators `acc[i * NR + j]` in memory.
+    ///
+    /// # Safety
+    /// The kernel's ISA; `px` holds `steps * r` vectors, `pw` `steps * NR` (64-byte aligned);
+    /// `acc` `MR * NR` (64-byte aligned).
+    unsafe fn tile(r: usize, px: *const V8, pw: *const V8, steps: usize, acc: *mut V8);
+}
+
+/// The AVX2 tiles: 3 activation rows × 4 weight rows.
+struct Avx2;
+
+impl Tiles for Avx2 {
+    const MR: usize = 3;
+    const NR: usize = 4;
+    #[inline]
+    unsafe fn tile(r: usize, px: *const V8, pw: *const V8, steps: usize, acc: *mut V8) {
+        match r {
+            1 => tile::<1, 4>(px, pw, steps, acc),
+            2 => tile::<2, 4>(px, pw, steps, acc),
+            _ => tile::<3, 4>(px, pw, steps, acc),
+        }
+    }
+}
+
+/// Columns per block (a multiple of 8): the `NR` widened rows of a block take `NR` × 2 KiB of
+/// L1.
 const KC: usize = 512;
+/// The largest `MR` and `NR` of any tiles.
+const MAX_MR: usize = 8;
+const MAX_NR: usize = 16;
 /// Most activation rows per pass over a thread's weight groups.
 const MAX_CHUNK: usize = 96;
 /// Bytes of packed activations per pass. Every pass streams all of the thread's weights
@@ -36,53 +65,56 @@ const MAX_CHUNK: usize = 96;
 /// hardware prefetches them), while the weights are prefetched a block ahead by hand.
 const CHUNK_BYTES: usize = 768 * 1024;
 
-/// 8 aligned floats: the unit of the per-thread buffers.
+/// 8 floats: the unit of the packed layouts.
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
-struct V8([f32; 8]);
+pub(super) struct V8([f32; 8]);
+
+/// 16 floats, 64-byte aligned: the unit the per-thread buffers are allocated in, so that the
+/// AVX-512 tiles load two `V8`s at once from an aligned address.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct V16([f32; 16]);
 
 /// The packed activation chunk, the widened weight block and the carried accumulators.
 #[derive(Default)]
 struct Bufs {
-    x: Vec<V8>,
-    w: Vec<V8>,
-    acc: Vec<V8>,
+    x: Vec<V16>,
+    w: Vec<V16>,
+    acc: Vec<V16>,
 }
 
 thread_local! {
     static BUFS: RefCell<Bufs> = RefCell::new(Bufs::default());
 }
 
-/// Widen columns `k0..k0 + 8 * steps` of the `NR` rows `w` into `out`: chunk `s` of row `j`
-/// at `out[s * NR + j]`.
+/// Widen columns `k0..k0 + 8 * steps` of the `nr = w.len()` rows `w` into `out`: chunk `s` of
+/// row `j` at `out[s * nr + j]`.
 ///
 /// # Safety
-/// AVX2+F16C; each row addresses `k0 + 8 * steps` elements; `out` holds `steps * NR`.
+/// AVX2+F16C; each row addresses `k0 + 8 * steps` elements; `out` holds `steps * nr`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack_w<W: FloatW, const NR: usize>(
-    w: &[*const u8; NR],
-    k0: usize,
-    steps: usize,
-    out: *mut V8,
-) {
+unsafe fn pack_w<W: FloatW>(w: &[*const u8], k0: usize, steps: usize, out: *mut V8) {
+    let nr = w.len();
     for s in 0..steps {
-        for j in 0..NR {
-            let v = W::load8(w[j].add((k0 + 8 * s) * W::BYTES));
-            _mm256_store_ps(out.add(s * NR + j).cast(), v);
+        for (j, row) in w.iter().enumerate() {
+            let v = W::load8(row.add((k0 + 8 * s) * W::BYTES));
+            _mm256_store_ps(out.add(s * nr + j).cast(), v);
         }
     }
 }
 
-/// Copy the first `8 * steps` columns of the `MR` rows `x` into `out`: chunk `s` of row `i` at
-/// `out[s * MR + i]`, so a tile streams one sequential run.
+/// Copy the first `8 * steps` columns of the `r = x.len()` rows `x` into `out`: chunk `s` of
+/// row `i` at `out[s * r + i]`, so a tile streams one sequential run.
 ///
 /// # Safety
-/// AVX; each row addresses `8 * steps` floats; `out` holds `steps * MR`.
+/// AVX; each row addresses `8 * steps` floats; `out` holds `steps * r`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack_x<const MR: usize>(x: &[*const f32; MR], steps: usize, out: *mut V8) {
+unsafe fn pack_x(x: &[*const f32], steps: usize, out: *mut V8) {
+    let r = x.len();
     for s in 0..steps {
-        for i in 0..MR {
-            _mm256_store_ps(out.add(s * MR + i).cast(), _mm256_loadu_ps(x[i].add(8 * s)));
+        for (i, row) in x.iter().enumerate() {
+            _mm256_store_ps(out.add(s * r + i).cast(), _mm256_loadu_ps(row.add(8 * s)));
         }
     }
 }
@@ -165,25 +197,46 @@ pub unsafe fn matmul_rows<W: FloatW>(
     r1: usize,
     out: *mut f32,
 ) {
+    run_with::<Avx2, W>(w, rows, cols, x, m, r0, r1, out)
+}
+
+/// `matmul_rows` on the tiles `T`.
+///
+/// # Safety
+/// As `matmul_rows`, and the CPU runs `T`'s ISA.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn run_with<T: Tiles, W: FloatW>(
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    m: usize,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
     BUFS.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut bufs) => run::<W>(&mut bufs, w, rows, cols, x, m, r0, r1, out),
+        Ok(mut bufs) => run::<T, W>(&mut bufs, w, rows, cols, x, m, r0, r1, out),
         // Re-entered on this thread (not expected): use private buffers.
-        Err(_) => run::<W>(&mut Bufs::default(), w, rows, cols, x, m, r0, r1, out),
+        Err(_) => run::<T, W>(&mut Bufs::default(), w, rows, cols, x, m, r0, r1, out),
     })
 }
 
-fn grow(v: &mut Vec<V8>, n: usize) -> *mut V8 {
-    if v.len() < n {
-        v.resize(n, V8([0.0; 8]));
+/// At least `n` `V8`s of `v`, 64-byte aligned.
+fn grow(v: &mut Vec<V16>, n: usize) -> *mut V8 {
+    let n16 = n.div_ceil(2);
+    if v.len() < n16 {
+        v.resize(n16, V16([0.0; 16]));
     }
-    v.as_mut_ptr()
+    v.as_mut_ptr().cast()
 }
 
 /// # Safety
 /// See `matmul_rows`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run<W: FloatW>(
+unsafe fn run<T: Tiles, W: FloatW>(
     bufs: &mut Bufs,
     w: &[u8],
     rows: usize,
@@ -194,85 +247,87 @@ unsafe fn run<W: FloatW>(
     r1: usize,
     out: *mut f32,
 ) {
+    let (mr, nr) = (T::MR, T::NR);
     let n8 = cols / 8 * 8;
     let nsteps = n8 / 8;
     // Equal chunks of at most the budget's rows, whole tiles each.
-    let budget = (CHUNK_BYTES / (4 * n8.max(8))).clamp(MR, MAX_CHUNK);
-    let chunk = m.div_ceil(m.div_ceil(budget)).next_multiple_of(MR);
-    let tiles_max = chunk / MR;
-    let px = grow(&mut bufs.x, tiles_max * nsteps * MR);
-    let pw = grow(&mut bufs.w, KC / 8 * NR);
-    let acc = grow(&mut bufs.acc, tiles_max * MR * NR);
+    let budget = (CHUNK_BYTES / (4 * n8.max(8))).clamp(mr, MAX_CHUNK);
+    let chunk = m.div_ceil(m.div_ceil(budget)).next_multiple_of(mr);
+    let tiles_max = chunk / mr;
+    let px = grow(&mut bufs.x, tiles_max * nsteps * mr);
+    let pw = grow(&mut bufs.w, KC / 8 * nr);
+    let acc = grow(&mut bufs.acc, tiles_max * mr * nr);
     let xrow = |i: usize| x.as_ptr().add(i * cols);
     for c0 in (0..m).step_by(chunk) {
         let c1 = (c0 + chunk).min(m);
-        let tiles = (c1 - c0).div_ceil(MR);
+        let tiles = (c1 - c0).div_ceil(mr);
         // The last tile may be narrower: `rest` rows, packed `rest` to a step.
-        let rest = c1 - c0 - (tiles - 1) * MR;
+        let rest = c1 - c0 - (tiles - 1) * mr;
         // Every thread packs the chunk for itself: one shared packing per call measured slower
         // (this packing also pulls the chunk into the thread's L2 just before its tiles).
+        let mut xs = [std::ptr::null::<f32>(); MAX_MR];
         for t in 0..tiles {
-            let xs: [*const f32; MR] = std::array::from_fn(|i| xrow((c0 + t * MR + i).min(c1 - 1)));
-            let dst = px.add(t * nsteps * MR);
-            match if t + 1 < tiles { MR } else { rest } {
-                1 => pack_x::<1>(&[xs[0]], nsteps, dst),
-                2 => pack_x::<2>(&[xs[0], xs[1]], nsteps, dst),
-                _ => pack_x::<MR>(&xs, nsteps, dst),
+            let r = if t + 1 < tiles { mr } else { rest };
+            for (i, p) in xs[..r].iter_mut().enumerate() {
+                *p = xrow(c0 + t * mr + i);
             }
+            pack_x(&xs[..r], nsteps, px.add(t * nsteps * mr));
         }
-        for j0 in (r0..r1).step_by(NR) {
+        let mut wp = [std::ptr::null::<u8>(); MAX_NR];
+        let mut next = [std::ptr::null::<u8>(); MAX_NR];
+        for j0 in (r0..r1).step_by(nr) {
             // Rows past r1 repeat row r1 - 1; their outputs are dropped.
-            let wp: [*const u8; NR] =
-                std::array::from_fn(|j| w.as_ptr().add((j0 + j).min(r1 - 1) * cols * W::BYTES));
-            std::slice::from_raw_parts_mut(acc, tiles * MR * NR).fill(V8([0.0; 8]));
+            for (j, p) in wp[..nr].iter_mut().enumerate() {
+                *p = w.as_ptr().add((j0 + j).min(r1 - 1) * cols * W::BYTES);
+            }
+            std::slice::from_raw_parts_mut(acc, tiles * mr * nr).fill(V8([0.0; 8]));
             for k0 in (0..n8).step_by(KC) {
                 let steps = KC.min(n8 - k0) / 8;
-                pack_w::<W, NR>(&wp, k0, steps, pw);
+                pack_w::<W>(&wp[..nr], k0, steps, pw);
                 // The weights packed next: this block's continuation, or the next group's
                 // first block. Fetch them while the tiles run, a share per tile.
                 let (nj, nk) = if k0 + KC < n8 {
                     (j0, k0 + KC)
                 } else {
-                    (j0 + NR, 0)
+                    (j0 + nr, 0)
                 };
                 let lines = if nj < r1 {
                     KC.min(n8 - nk) * W::BYTES / 64
                 } else {
                     0
                 };
-                let next: [*const u8; NR] = std::array::from_fn(|j| {
-                    w.as_ptr()
-                        .add(((nj + j).min(r1 - 1) * cols + nk) * W::BYTES)
-                });
-                let per_tile = (lines * NR).div_ceil(tiles);
+                for (j, p) in next[..nr].iter_mut().enumerate() {
+                    *p = w
+                        .as_ptr()
+                        .add(((nj + j).min(r1 - 1) * cols + nk) * W::BYTES);
+                }
+                let per_tile = (lines * nr).div_ceil(tiles);
                 let (mut j, mut l) = (0, 0);
                 for t in 0..tiles {
                     for _ in 0..per_tile {
                         if l == lines {
                             (j, l) = (j + 1, 0);
                         }
-                        if j < NR {
+                        if j < nr {
                             _mm_prefetch::<_MM_HINT_T0>(next[j].add(l * 64).cast());
                             l += 1;
                         }
                     }
-                    let r = if t + 1 < tiles { MR } else { rest };
-                    let (xt, at) = (px.add(t * nsteps * MR + k0 / 8 * r), acc.add(t * MR * NR));
-                    match r {
-                        1 => tile::<1, NR>(xt, pw, steps, at),
-                        2 => tile::<2, NR>(xt, pw, steps, at),
-                        _ => tile::<MR, NR>(xt, pw, steps, at),
-                    }
+                    let r = if t + 1 < tiles { mr } else { rest };
+                    let (xt, at) = (px.add(t * nsteps * mr + k0 / 8 * r), acc.add(t * mr * nr));
+                    T::tile(r, xt, pw, steps, at);
                 }
             }
             for i in c0..c1 {
                 let dst = out.add(i * rows + j0);
-                let a = acc.add((i - c0) * NR);
-                if NR == 4 && n8 == cols && j0 + 4 <= r1 {
-                    _mm_storeu_ps(dst, hsum8x4(a));
+                let a = acc.add((i - c0) * nr);
+                if n8 == cols && j0 + nr <= r1 {
+                    for q in (0..nr).step_by(4) {
+                        _mm_storeu_ps(dst.add(q), hsum8x4(a.add(q)));
+                    }
                     continue;
                 }
-                for j in 0..NR.min(r1 - j0) {
+                for j in 0..nr.min(r1 - j0) {
                     let mut s = hsum8(_mm256_load_ps(a.add(j).cast()));
                     for k in n8..cols {
                         s += W::load1(wp[j].add(k * W::BYTES)) * *xrow(i).add(k);
