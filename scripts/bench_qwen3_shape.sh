@@ -1,63 +1,99 @@
 #!/usr/bin/env bash
-# Vigil vs llama.cpp on a Qwen3-0.6B-shape checkpoint with random weights (issue 6): prefill
-# (pp512, optionally pp2048) and decode (tg128) tokens/s for
+# Vigil vs native llama.cpp on a Qwen3-0.6B-shape checkpoint with random weights: prefill
+# (pp512) and decode (tg128) tokens/s for
 #   Vigil BF16 (HF safetensors dir), Vigil --quantize q8_0 (same dir, quantized at load),
-#   llama.cpp BF16 GGUF, llama.cpp Q8_0 GGUF (made by llama.cpp's own quantizer),
-# all the same weights (scripts/make_qwen3_shape.py, run here if DIR lacks them), then the
-# decode floor of each format: weight bytes read per decoded token / measured read bandwidth.
+#   llama-bench on the BF16 GGUF and on the Q8_0 GGUF made by llama-quantize,
+# all the same weights (scripts/make_qwen3_shape.py, run here if DIR lacks them), in two
+# interleaved rounds (llama-bench with flash attention off and on; its better one counts), then
+# the decode floor of each format: weight bytes read per decoded
+# token / read bandwidth measured in the same round.
 #
-# Usage: scripts/bench_qwen3_shape.sh [--pp2048]      → JSON lines on stdout.
-# Env: DIR (default /work/cache/qwen3-0.6b-shape), THREADS (2), REPS (5),
-#      FLASH_ATTN for llama.cpp (on|off|both, default on: llama-bench's CPU default),
-#      PYTHON (default /work/venv/bin/python: numpy, gguf, llama-cpp-python).
+# Usage: LLAMACPP_BIN=... scripts/bench_qwen3_shape.sh OUT_DIR
+#   OUT_DIR receives one file per run, cpu.txt, load.txt, floors.jsonl and summary.md (the
+#   ratios: Vigil's median over llama-bench's better mean, per round).
+# Env: LLAMACPP_BIN (a native build: scripts/setup_llamacpp.sh), DIR (default
+#      ~/.cache/vigil-peers/qwen3-0.6b-shape; ~3 GB), THREADS (2), REPS (5), ROUNDS (2),
+#      PYTHON (numpy and gguf; default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=${DIR:-/work/cache/qwen3-0.6b-shape}
+L=${LLAMACPP_BIN:?set LLAMACPP_BIN to a native llama.cpp build (scripts/setup_llamacpp.sh)}
+O=${1:?usage: bench_qwen3_shape.sh OUT_DIR}; mkdir -p "$O"
+dir=${DIR:-$HOME/.cache/vigil-peers/qwen3-0.6b-shape}
 threads=${THREADS:-2}
 reps=${REPS:-5}
-flash_attn=${FLASH_ATTN:-on}
-python=${PYTHON:-/work/venv/bin/python}
-pp=512
-if [[ "${1:-}" == "--pp2048" ]]; then pp=512,2048; fi
+rounds=${ROUNDS:-2}
+python=${PYTHON:-python3}
 bf16_gguf=$dir/qwen3-0.6b-shape-bf16.gguf
 q8_gguf=$dir/qwen3-0.6b-shape-q8_0.gguf
 if [[ ! -f "$dir/hf/model.safetensors" || ! -f "$bf16_gguf" || ! -f "$q8_gguf" ]]; then
-    "$python" scripts/make_qwen3_shape.py "$dir" >&2
+    LLAMACPP_BIN=$L "$python" scripts/make_qwen3_shape.py "$dir" >&2
 fi
 cargo build -q --release -p vigil-engine --example bench_core --example mem_bandwidth
-bench_core=${CARGO_TARGET_DIR:-target}/release/examples/bench_core
-
-# Tag each result line with the weight format, keeping it one JSON object per line.
-tag() { sed -u "s/^{/{\"format\": \"$1\", /"; }
-
-echo "{\"machine\": \"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)\", \"cores\": $(nproc), \"model\": \"qwen3-0.6b-shape (random)\", \"date\": \"$(date -u +%FT%TZ)\"}"
-"$bench_core" "$dir/hf" --threads "$threads" --reps "$reps" --pp "$pp" | tag bf16
-"$bench_core" "$dir/hf" --threads "$threads" --reps "$reps" --pp "$pp" --quantize q8_0 | tag q8_0
-for f in bf16 q8_0; do
-    OMP_WAIT_POLICY=passive "$python" scripts/bench_llamacpp.py --gguf "$dir/qwen3-0.6b-shape-$f.gguf" \
-        --threads "$threads" --reps "$reps" --flash-attn "$flash_attn" --pp "$pp" | tag "$f"
+B=${CARGO_TARGET_DIR:-target}/release/examples
+grep -m1 'model name' /proc/cpuinfo > "$O/cpu.txt"
+grep -m1 '^flags' /proc/cpuinfo >> "$O/cpu.txt"
+for r in $(seq 1 "$rounds"); do
+    uptime >> "$O/load.txt"
+    "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r.json"
+    "$B/bench_core" "$dir/hf" --threads "$threads" --reps "$reps" --pp 512 > "$O/vigil-bf16-$r.jsonl"
+    "$L/llama-bench" -m "$bf16_gguf" -t "$threads" -p 512 -n 128 -r "$reps" -fa 0,1 -o json \
+        > "$O/llama-bf16-$r.json" 2> "$O/llama-bf16-$r.err"
+    "$B/bench_core" "$dir/hf" --threads "$threads" --reps "$reps" --pp 512 --quantize q8_0 \
+        > "$O/vigil-q8_0-$r.jsonl"
+    "$L/llama-bench" -m "$q8_gguf" -t "$threads" -p 512 -n 128 -r "$reps" -fa 0,1 -o json \
+        > "$O/llama-q8_0-$r.json" 2> "$O/llama-q8_0-$r.err"
 done
+uptime >> "$O/load.txt"
 
 # Decode floor. Bytes per token: every tensor of the GGUF (all layer weights, norms, and
 # token_embd counted once, as the tied output head; the embedding row lookup is negligible).
 # Vigil reads the same bytes: BF16 matrices stay BF16, and --quantize q8_0 quantizes every
 # linear weight and the tied output head to Q8_0, as llama.cpp's Q8_0 file holds them.
-# KV-cache reads (F16 in both engines; ~22 MB per token at tg128's mean context of 192) are
-# not included. Bandwidth: the mem_bandwidth example (THREADS threads stream-summing their own
-# slices of a 1 GiB buffer, ≫ L3; best of 5).
-bandwidth_line=$("${bench_core%/*}/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5)
-echo "$bandwidth_line"
-"$python" - "$bandwidth_line" "$bf16_gguf" "$q8_gguf" <<'EOF'
-import json, sys
+# KV reads (F16 in both engines; a few MB at tg128's context) are left out.
+"$python" - "$O" "$bf16_gguf" "$q8_gguf" > "$O/floors.jsonl" <<'PY'
+import glob, json, sys
 from gguf import GGUFReader
 
-bandwidth = json.loads(sys.argv[1])["bandwidth_gb_s"] * 1e9
+out = sys.argv[1]
 for fmt, path in zip(("bf16", "q8_0"), sys.argv[2:]):
     per_token = sum(int(t.n_bytes) for t in GGUFReader(path).tensors)
-    print(json.dumps({
-        "decode_floor": fmt,
-        "weight_bytes_per_token": per_token,
-        "floor_ms_per_token": round(1e3 * per_token / bandwidth, 2),
-        "max_tokens_per_s": round(bandwidth / per_token, 2),
-    }))
-EOF
+    for f in sorted(glob.glob(f"{out}/bandwidth-*.json")):
+        bw = json.load(open(f))["bandwidth_gb_s"] * 1e9
+        print(json.dumps({"format": fmt, "bandwidth_file": f.rsplit("/", 1)[1],
+                          "weight_bytes_per_token": per_token,
+                          "floor_tok_s": round(bw / per_token, 2)}))
+PY
+
+"$python" - "$O" > "$O/summary.md" <<'PY'
+import json, statistics, sys
+
+out = sys.argv[1]
+floors = [json.loads(l) for l in open(f"{out}/floors.jsonl")]
+print(open(f"{out}/cpu.txt").readline().strip(), "\n")
+print("| format | round | figure | Vigil median (min–max) | llama-bench mean ± sd (fa) | ratio | floor | Vigil at |")
+print("|---|---|---|---|---|---|---|---|")
+r = 1
+while True:
+    try:
+        vigil = {}
+        for fmt in ("bf16", "q8_0"):
+            vigil[fmt] = {j["test"]: j for j in map(json.loads, open(f"{out}/vigil-{fmt}-{r}.jsonl")) if "test" in j}
+    except FileNotFoundError:
+        break
+    for fmt in ("bf16", "q8_0"):
+        runs = json.load(open(f"{out}/llama-{fmt}-{r}.json"))
+        for test in ("pp512", "tg128"):
+            mine = [x for x in runs if (x["n_prompt"], x["n_gen"]) == ((512, 0) if test == "pp512" else (0, 128))]
+            best = max(mine, key=lambda x: x["avg_ts"])
+            v = vigil[fmt][test]
+            floor = at = ""
+            if test == "tg128":
+                f = next(f for f in floors if f["format"] == fmt and f["bandwidth_file"] == f"bandwidth-{r}.json")
+                floor = f"{f['floor_tok_s']} tok/s"
+                at = f"{100 * v['tokens_per_s_median'] / f['floor_tok_s']:.0f} %"
+            ratio = v["tokens_per_s_median"] / best["avg_ts"]
+            print(f"| {fmt} | {r} | {test} | {v['tokens_per_s_median']:.1f} ({v['tokens_per_s_min']:.1f}–{v['tokens_per_s_max']:.1f}) "
+                  f"| {best['avg_ts']:.1f} ± {best['stddev_ts']:.1f} (fa {best['flash_attn']}) "
+                  f"| {ratio:.2f}× ({v['tokens_per_s_median']:.1f} / {best['avg_ts']:.1f}) | {floor} | {at} |")
+    r += 1
+PY

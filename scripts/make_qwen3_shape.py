@@ -11,7 +11,8 @@ OUT_DIR (default /work/cache/qwen3-0.6b-shape; ~3 GB, keep it out of the repo) r
   qwen3-0.6b-shape-bf16.gguf   the same BF16 matrices (norms F32, as llama.cpp's converter
                            stores 1-D tensors), arch `qwen3`, with the tokenizer metadata
   qwen3-0.6b-shape-q8_0.gguf   the BF16 GGUF quantized by llama.cpp's own quantizer
-                           (llama_cpp.llama_model_quantize), so llama.cpp runs its native Q8_0
+                           ($LLAMACPP_BIN/llama-quantize when set, else
+                           llama_cpp.llama_model_quantize), so llama.cpp runs its native Q8_0
 
 Weights: normal(0, 0.02) rounded to BF16, norms 1 (fixed seed). No torch: the safetensors file is
 written by hand (numpy has no bfloat16), and the GGUF reuses its bytes through a memmap, so the
@@ -202,6 +203,14 @@ def write_gguf_bf16(path, hf_dir, layout, data_start, header):
 
 
 def quantize_q8_0(src, dst):
+    # A native llama.cpp build (scripts/setup_llamacpp.sh) when LLAMACPP_BIN names one.
+    native = os.environ.get("LLAMACPP_BIN")
+    if native:
+        import subprocess
+
+        subprocess.run([os.path.join(native, "llama-quantize"), src, dst, "Q8_0"], check=True,
+                       stdout=subprocess.DEVNULL)
+        return
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
