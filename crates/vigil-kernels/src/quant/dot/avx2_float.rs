@@ -89,10 +89,18 @@ unsafe fn tile<W: FloatW, const MR: usize, const NR: usize>(
     w: &[*const u8; NR],
     x: &[*const f32; MR],
     cols: usize,
+    prefetch: isize,
 ) -> [f32; 8] {
     let mut acc = [_mm256_setzero_ps(); 8];
     let n8 = cols / 8 * 8;
     for k in (0..n8).step_by(8) {
+        if prefetch != 0 && (k * W::BYTES) % 64 == 0 {
+            // The same line of the next tile's rows, so DRAM streams ahead of use.
+            for j in 0..NR {
+                let ahead = w[j].add(k * W::BYTES).wrapping_offset(prefetch);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            }
+        }
         let mut xv = [_mm256_setzero_ps(); MR];
         for i in 0..MR {
             xv[i] = _mm256_loadu_ps(x[i].add(k));
@@ -144,13 +152,16 @@ pub unsafe fn matmul_rows<W: FloatW>(
                 let xp = [xrow(i0), xrow(i0 + 1), xrow(i0 + 2), xrow(i0 + 3)];
                 for jj in (j0..(j0 + 8).min(r1)).step_by(2) {
                     let wp = [wrow(jj), wrow(jj + 1)];
-                    let r = tile::<W, 4, 2>(&wp, &xp, cols);
+                    let r = tile::<W, 4, 2>(&wp, &xp, cols, 0);
                     super::avx2::store(out, rows, &r, 4, i0, jj, r1);
                 }
             }
             let wp: [*const u8; 8] = std::array::from_fn(|k| wrow(j0 + k));
+            // Decode streams the weights once: fetch the next group (8 rows on) meanwhile (a
+            // prefetch past the matrix is dropped, never faults).
+            let prefetch = (8 * cols * W::BYTES) as isize;
             for i0 in full..c1 {
-                let r = tile::<W, 1, 8>(&wp, &[xrow(i0)], cols);
+                let r = tile::<W, 1, 8>(&wp, &[xrow(i0)], cols, prefetch);
                 super::avx2::store(out, rows, &r, 1, i0, j0, r1);
             }
         }
