@@ -22,6 +22,7 @@ pub struct Scratch {
     d: Vec<f32>,
     s: Vec<f32>,
     ysum: Vec<i32>,
+    bf16: Vec<u16>,
 }
 
 /// Quantize the `m` rows of `x` (`cols` each) into `out` (`nb` blocks per row) with `q`.
@@ -160,5 +161,26 @@ impl Scratch {
             }
         }
         blocks
+    }
+
+    /// BF16 activations (for BF16 weights on `vdpbf16ps`): each row rounded to nearest even
+    /// and zero-padded to a multiple of 32 columns (`quant::dot::avx512_bf16::round_row`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and AVX512_BF16 (`cpu::avx512_bf16`).
+    #[cfg(target_arch = "x86_64")]
+    pub unsafe fn bf16(
+        &mut self,
+        pool: Option<&ThreadPool>,
+        x: &[f32],
+        (m, cols): (usize, usize),
+    ) -> &[u16] {
+        use crate::quant::dot::avx512_bf16::round_row;
+        let rows = grow(&mut self.bf16, m * cols.next_multiple_of(32));
+        // SAFETY: the caller checked the CPU; each row gets its padded width.
+        quantize_rows(pool, x, m, cols, rows, |xr, row| unsafe {
+            round_row(xr, row)
+        });
+        rows
     }
 }

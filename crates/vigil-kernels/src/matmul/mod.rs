@@ -330,6 +330,21 @@ fn run(
                 rows_k::<Q6KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
             });
         }
+        #[cfg(target_arch = "x86_64")]
+        DType::BF16 if path == Path::Avx512 && cpu::bf16_dots() => {
+            // SAFETY: the CPU has AVX512_BF16 (checked just above) and the avx512 level.
+            let xb = unsafe { scratch.bf16(pool, &x[..m * cols], shape) };
+            split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
+                let (w, rows) = (p.w, p.w.rows);
+                let wbytes = &w.data.bytes()[..rows * w.row_bytes()];
+                // SAFETY: as above; this thread owns columns r0..r1 of the output.
+                unsafe {
+                    crate::quant::dot::avx512_bf16::matmul_rows(
+                        wbytes, rows, cols, xb, m, r0, r1, p.out.0,
+                    )
+                }
+            });
+        }
         DType::F32 | DType::F16 | DType::BF16 => {
             let x = &x[..m * cols];
             split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
