@@ -461,9 +461,12 @@ def test_a_forced_call_cut_by_max_tokens_ends_with_length(qclient, qwen):
             r = client.chat.completions.create(**kwargs)
             assert r.choices[0].finish_reason == "length"
             assert r.usage.completion_tokens == 3
+    # Greedy, and a required argument: a sampled `{}` could close the call within 3 tokens.
     body = {
-        "model": model, "max_tokens": 3, "messages": [{"role": "user", "content": "Weather in Paris?"}],
-        "tools": [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+        "model": model, "max_tokens": 3, "temperature": 0,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"name": "get_weather", "input_schema": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}],
         "tool_choice": {"type": "tool", "name": "get_weather"},
     }
     r = httpx.post(qwen.url + "/v1/messages", json=body, timeout=60)
