@@ -1,9 +1,9 @@
 //! BF16 weights × activations rounded to BF16, on `vdpbf16ps` (AVX512_BF16): 32 products per
 //! instruction, for decode and prefill alike. Opt-in (`VIGIL_BF16_DOTS=1`, `cpu::bf16_dots`):
-//! on the Emerald Rapids Xeon measured here the instruction issues at a quarter of the f32
-//! FMA's rate, so BF16 Qwen3-0.6B shapes at 512 rows reach about 190 GFLOP/s on 2 cores here,
-//! against 260-285 for the f32 GEMM (`avx512_float_gemm`); a CPU that issues it as fast as an
-//! FMA would double the f32 path.
+//! on the Emerald Rapids Xeon measured here the instruction issues at a third or less of the
+//! f32 FMA's rate (`examples/bf16_dot_rate.rs`), so BF16 Qwen3-0.6B shapes at 512 rows reach
+//! about 200 GFLOP/s on 2 cores, against 270-280 for the f32 GEMM (`avx512_float_gemm`); a CPU
+//! that issues it as fast as an FMA would double the f32 path.
 //!
 //! The numerics are this path's own, so they are stated here and held by
 //! `tests/matmul_float_gemm.rs` bit for bit:
