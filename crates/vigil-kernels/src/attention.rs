@@ -737,10 +737,12 @@ pub fn paged_attention<E: KvElem>(
     );
     let group = shape.num_heads / shape.num_kv_heads;
     // A tile is up to ROWS_PER_TILE query rows of one sequence × the heads sharing one KV head:
-    // each key vector loaded serves all of them. Only when a few such tiles would leave threads
-    // idle (a decode step of one sequence: 3 KV heads on 2 threads leave one idle a third of
-    // the time) are the heads split into tiles of their own, at the cost of reading each key
-    // once per head (from cache: measured 12 % faster per decode step at 2,048 tokens).
+    // each key and value vector loaded serves all of them. Only when there are fewer such tiles
+    // than threads (a decode step of one sequence on a model with one KV head) are the heads
+    // split into tiles of their own, at the cost of reading each key and value once per head.
+    // Fewer tiles than the threads could share evenly still win: SmolLM2's decode step at 2,048
+    // tokens, 3 KV heads on 2 threads, takes 2.33 ms of attention in 3 tiles against 3.08 ms in
+    // 9 single-head ones (`attention_bench 2048 2 50 decode`, AVX-512).
     let mut tiles = Vec::new();
     for (si, s) in seqs.iter().enumerate() {
         for r0 in (0..s.query_len).step_by(ROWS_PER_TILE) {
@@ -748,11 +750,7 @@ pub fn paged_attention<E: KvElem>(
         }
     }
     let (tasks, threads) = (tiles.len() * shape.num_kv_heads, pool.num_threads());
-    let heads_per_tile = if tasks >= 4 * threads || tasks.is_multiple_of(threads) {
-        group
-    } else {
-        1
-    };
+    let heads_per_tile = if tasks >= threads { group } else { 1 };
     let head_tiles = shape.num_heads / heads_per_tile;
     let out_ptr = SyncPtr::new(out);
     // Later rows of a prefill attend to more keys; the pool splits tasks into contiguous
