@@ -610,19 +610,6 @@ fn rows_k<F: FmtKPath>(
     }
 }
 
-/// The float-weight prefill GEMM of `path`: AVX-512 tiles or AVX2 ones, same numerics.
-#[cfg(target_arch = "x86_64")]
-type FloatGemm = unsafe fn(&[u8], usize, usize, &[f32], usize, usize, usize, *mut f32);
-
-#[cfg(target_arch = "x86_64")]
-fn float_gemm<W: crate::quant::dot::avx2_float::FloatW>(path: Path) -> FloatGemm {
-    use crate::quant::dot::{avx2_float_gemm, avx512_float_gemm};
-    match path {
-        Isa::Avx512 => avx512_float_gemm::matmul_rows::<W>,
-        _ => avx2_float_gemm::matmul_rows::<W>,
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn rows_float(
     path: Path,
@@ -658,10 +645,20 @@ fn rows_float(
         _ => unsafe {
             use crate::quant::dot::avx2_float::{matmul_rows, BF16, F16, F32};
             if m >= FLOAT_GEMM_MIN_ROWS {
-                return match dtype {
-                    DType::F16 => float_gemm::<F16>(path)(w, rows, cols, x, m, r0, r1, out.0),
-                    DType::BF16 => float_gemm::<BF16>(path)(w, rows, cols, x, m, r0, r1, out.0),
-                    _ => float_gemm::<F32>(path)(w, rows, cols, x, m, r0, r1, out.0),
+                use crate::quant::dot::avx2_float_gemm::{matmul_rows as gemm, Avx2};
+                use crate::quant::dot::avx512_float_gemm::Avx512;
+                // The AVX-512 tiles or the AVX2 ones: the same numerics, bit for bit.
+                return match (path, dtype) {
+                    (Isa::Avx512, DType::F16) => {
+                        gemm::<Avx512, F16>(w, rows, cols, x, m, r0, r1, out.0)
+                    }
+                    (Isa::Avx512, DType::BF16) => {
+                        gemm::<Avx512, BF16>(w, rows, cols, x, m, r0, r1, out.0)
+                    }
+                    (Isa::Avx512, _) => gemm::<Avx512, F32>(w, rows, cols, x, m, r0, r1, out.0),
+                    (_, DType::F16) => gemm::<Avx2, F16>(w, rows, cols, x, m, r0, r1, out.0),
+                    (_, DType::BF16) => gemm::<Avx2, BF16>(w, rows, cols, x, m, r0, r1, out.0),
+                    _ => gemm::<Avx2, F32>(w, rows, cols, x, m, r0, r1, out.0),
                 };
             }
             match dtype {

@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 /// A tile kernel the driver runs: `MR` activation rows × `NR` weight rows (a multiple of 4).
-pub(super) trait Tiles {
+pub(crate) trait Tiles {
     const MR: usize;
     const NR: usize;
     /// Run `steps` chunks of a packed tile of `r` (1..=MR) activation rows against the widened
@@ -37,7 +37,7 @@ pub(super) trait Tiles {
 }
 
 /// The AVX2 tiles: 3 activation rows × 4 weight rows.
-struct Avx2;
+pub(crate) struct Avx2;
 
 impl Tiles for Avx2 {
     const MR: usize = 3;
@@ -68,7 +68,7 @@ const CHUNK_BYTES: usize = 768 * 1024;
 /// 8 floats: the unit of the packed layouts.
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
-pub(super) struct V8([f32; 8]);
+pub(crate) struct V8([f32; 8]);
 
 /// 16 floats, 64-byte aligned: the unit the per-thread buffers are allocated in, so that the
 /// AVX-512 tiles load two `V8`s at once from an aligned address.
@@ -180,33 +180,15 @@ unsafe fn hsum8x4(a: *const V8) -> __m128 {
     _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3))
 }
 
-/// `out[i * rows + j]` for all `m` activation rows and weight rows `j in r0..r1`.
+/// `out[i * rows + j]` for all `m` activation rows and weight rows `j in r0..r1`, on the tiles
+/// `T` (`Avx2` here, `avx512_float_gemm::Avx512`).
 ///
 /// # Safety
-/// AVX2+FMA+F16C; `w` holds `rows * cols` elements; `x` holds `m * cols`; `out` addresses
-/// `m * rows` floats and no other thread writes columns `r0..r1`.
+/// AVX2+FMA+F16C and `T`'s ISA; `w` holds `rows * cols` elements; `x` holds `m * cols`; `out`
+/// addresses `m * rows` floats and no other thread writes columns `r0..r1`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn matmul_rows<W: FloatW>(
-    w: &[u8],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    m: usize,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
-    run_with::<Avx2, W>(w, rows, cols, x, m, r0, r1, out)
-}
-
-/// `matmul_rows` on the tiles `T`.
-///
-/// # Safety
-/// As `matmul_rows`, and the CPU runs `T`'s ISA.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn run_with<T: Tiles, W: FloatW>(
+pub(crate) unsafe fn matmul_rows<T: Tiles, W: FloatW>(
     w: &[u8],
     rows: usize,
     cols: usize,

@@ -13,14 +13,14 @@
 // Index loops mirror the buffer layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_float::FloatW;
-use super::avx2_float_gemm::{run_with, Tiles, V8};
+use super::avx2_float_gemm::{Tiles, V8};
 use std::arch::x86_64::*;
 
 /// Weight-row pairs per tile.
 const NP: usize = 4;
 
-struct Avx512;
+/// The AVX-512 tiles: 6 activation rows × 8 weight rows, for `avx2_float_gemm::matmul_rows`.
+pub(crate) struct Avx512;
 
 impl Tiles for Avx512 {
     const MR: usize = 6;
@@ -72,23 +72,4 @@ unsafe fn tile<const MR: usize>(px: *const V8, pw: *const V8, steps: usize, acc:
             _mm512_store_ps(acc.add(i * 2 * NP + 2 * p).cast(), a[i][p]);
         }
     }
-}
-
-/// `out[i * rows + j]` for all `m` activation rows and weight rows `j in r0..r1`.
-///
-/// # Safety
-/// AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C; `w` holds `rows * cols` elements; `x` holds
-/// `m * cols`; `out` addresses `m * rows` floats and no other thread writes columns `r0..r1`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn matmul_rows<W: FloatW>(
-    w: &[u8],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    m: usize,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
-    run_with::<Avx512, W>(w, rows, cols, x, m, r0, r1, out)
 }
