@@ -1,9 +1,9 @@
 //! How close a decode step's matmuls (one activation row) come to the memory's read bandwidth
 //! when the weights do not fit in cache: `cargo run --release -p vigil-kernels --example
-//! gemv_bandwidth -- [format] [threads] [MiB] [passes]`.
+//! gemv_bandwidth -- [format] [threads] [MiB] [passes] [qwen3|smollm2]`.
 //!
-//! Fills `MiB` of Qwen3-0.6B-shaped matrices (q/o, gate/up, down, round robin) in `format`
-//! (`bf16` default, `f16`, `f32`, `q8_0`), then runs one activation row through every matrix
+//! Fills `MiB` of Qwen3-0.6B-shaped (or SmolLM2-135M-shaped) matrices (q/o, gate/up, down,
+//! round robin) in `format` (`bf16` default, `f16`, `f32`, `q8_0`, `q4_0`, `q4_1`), then runs one activation row through every matrix
 //! in turn, as a decode step does, and prints the weight bytes read per second (best pass)
 //! beside a plain read of the same bytes (every thread summing its own slice).
 
@@ -14,7 +14,9 @@ use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::storage::AlignedBytes;
 use vigil_kernels::{DType, QMatrix, WeightData};
 
-const SHAPES: [(usize, usize); 3] = [(1024, 1024), (3072, 1024), (1024, 3072)];
+const QWEN3_SHAPES: [(usize, usize); 3] = [(1024, 1024), (3072, 1024), (1024, 3072)];
+/// SmolLM2-135M's: q/o, gate/up, down.
+const SMOLLM2_SHAPES: [(usize, usize); 3] = [(576, 576), (1536, 576), (576, 1536)];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -22,18 +24,24 @@ fn main() {
         "f16" => DType::F16,
         "f32" => DType::F32,
         "q8_0" => DType::Q8_0,
+        "q4_0" => DType::Q4_0,
+        "q4_1" => DType::Q4_1,
         _ => DType::BF16,
     };
     let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
     let mib: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1024);
     let passes: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(5);
+    let shapes = match args.get(5).map(|s| s.as_str()) {
+        Some("smollm2") => SMOLLM2_SHAPES,
+        _ => QWEN3_SHAPES,
+    };
     let pool = ThreadPool::new(threads);
 
     let mut mats = Vec::new();
     let mut total = 0usize;
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     while total < mib << 20 {
-        let (rows, cols) = SHAPES[mats.len() % SHAPES.len()];
+        let (rows, cols) = shapes[mats.len() % shapes.len()];
         let bytes = rows * cols / dtype.block_size() * dtype.type_size();
         let mut data = vec![0u8; bytes];
         for (k, b) in data.iter_mut().enumerate() {

@@ -9,7 +9,8 @@
 //! path's result bit for bit, whatever tile shape computed it.
 //!
 //! Shapes: 4 × 2 for prefill (each weight block serves 4 activation rows), 1 × 8 for decode
-//! and for the activation rows left over (`m % 4`).
+//! and for the activation rows left over (`m % 4`); for Q4_0 and Q4_1 the 1 × 8 tile is
+//! `avx2_q4_decode`'s, which gets the same lanes with fewer shuffles.
 
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
@@ -45,6 +46,21 @@ pub trait Fmt32 {
     unsafe fn pair_dot<D: IntDot>(w: [__m256i; 2], y: __m256i) -> __m256i;
     /// f16 bits of the weight block's scale and min.
     fn weight_d_m(w: &Self::W) -> (u16, u16);
+    /// 4-bit quants, 16 bytes a block (low nibbles values 0–15, high 16–31): decode takes
+    /// `avx2_q4_decode`'s tile, which reads them through `weight_qs`.
+    const NIBBLES: bool = false;
+    /// The block's 16 bytes of nibbles (formats with `NIBBLES` only).
+    ///
+    /// # Safety
+    /// `w` points to a valid block.
+    unsafe fn weight_qs(w: *const Self::W) -> *const u8 {
+        unreachable!("{:p}: not a 4-bit format", w)
+    }
+    /// The activation block's 32 quants.
+    ///
+    /// # Safety
+    /// `a` points to a valid block.
+    unsafe fn act_qs(a: *const Self::A) -> *const i8;
 }
 
 pub struct Q4_0;
@@ -74,6 +90,14 @@ pub trait IntDot {
     /// # Safety
     /// As `dot4`.
     unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    /// `acc + dot4(u, s)` (one instruction with VNNI).
+    ///
+    /// # Safety
+    /// As `dot4`.
+    #[inline(always)]
+    unsafe fn dot4_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, Self::dot4(u, s))
+    }
 }
 
 /// `maddubs` + `madd`, `madd` + `add`.
@@ -113,6 +137,13 @@ impl Fmt32 for Q4_0 {
     fn weight_d_m(w: &BlockQ4_0) -> (u16, u16) {
         (w.d.to_bits(), 0)
     }
+    const NIBBLES: bool = true;
+    unsafe fn weight_qs(w: *const BlockQ4_0) -> *const u8 {
+        (*w).qs.as_ptr()
+    }
+    unsafe fn act_qs(a: *const BlockQ8_0) -> *const i8 {
+        (*a).qs.as_ptr()
+    }
 }
 
 impl Fmt32 for Q4_1 {
@@ -137,6 +168,13 @@ impl Fmt32 for Q4_1 {
     }
     fn weight_d_m(w: &BlockQ4_1) -> (u16, u16) {
         (w.d.to_bits(), w.m.to_bits())
+    }
+    const NIBBLES: bool = true;
+    unsafe fn weight_qs(w: *const BlockQ4_1) -> *const u8 {
+        (*w).qs.as_ptr()
+    }
+    unsafe fn act_qs(a: *const BlockQ8_1) -> *const i8 {
+        (*a).qs.as_ptr()
     }
 }
 
@@ -164,6 +202,9 @@ impl Fmt32 for Q8_0 {
     }
     fn weight_d_m(w: &BlockQ8_0) -> (u16, u16) {
         (w.d.to_bits(), 0)
+    }
+    unsafe fn act_qs(a: *const BlockQ8_0) -> *const i8 {
+        (*a).qs.as_ptr()
     }
 }
 
@@ -233,15 +274,20 @@ unsafe fn weight_lanes<F: Fmt32, const MR: usize, const NR: usize>(
             (d, m)
         }
         (1, 8) => {
-            let g = _mm256_setr_epi32(
-                head32(w[0].add(b)),
-                head32(w[1].add(b)),
-                head32(w[2].add(b)),
-                head32(w[3].add(b)),
-                head32(w[4].add(b)),
-                head32(w[5].add(b)),
-                head32(w[6].add(b)),
-                head32(w[7].add(b)),
+            // Broadcast loads blended together: no shuffle-port inserts.
+            let mut h = [_mm256_setzero_si256(); 8];
+            for k in 0..8 {
+                h[k] = _mm256_set1_epi32(head32(w[k].add(b)));
+            }
+            let g = _mm256_blend_epi32::<0b1111_0000>(
+                _mm256_blend_epi32::<0b1100_1100>(
+                    _mm256_blend_epi32::<0b1010_1010>(h[0], h[1]),
+                    _mm256_blend_epi32::<0b1010_1010>(h[2], h[3]),
+                ),
+                _mm256_blend_epi32::<0b1100_1100>(
+                    _mm256_blend_epi32::<0b1010_1010>(h[4], h[5]),
+                    _mm256_blend_epi32::<0b1010_1010>(h[6], h[7]),
+                ),
             );
             // Per 128-bit lane: d bytes to the low 8 bytes, m bytes to the high 8.
             let split = _mm256_setr_epi8(
@@ -272,7 +318,6 @@ unsafe fn tile<D: IntDot, F: Fmt32, const MR: usize, const NR: usize>(
     nb: usize,
     prefetch: isize,
 ) -> [f32; 8] {
-    let m = acts.m;
     let mut acc = _mm256_setzero_ps();
     for b in 0..nb {
         let mut wv = [[_mm256_setzero_si256(); 2]; NR];
@@ -294,25 +339,41 @@ unsafe fn tile<D: IntDot, F: Fmt32, const MR: usize, const NR: usize>(
                 p[j * MR + i] = F::pair_dot::<D>(wv[j], y[i]);
             }
         }
-        let mut sumi = reduce8(&p);
-        let side = b * m + i0;
-        if F::OFFSET8 {
-            let ysum = act_lanes_i32::<MR>(acts.ysum.as_ptr().add(side));
-            sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<3>(ysum));
-        }
-        let dy = act_lanes::<MR>(acts.d.as_ptr().add(side));
-        let (dx, mx) = weight_lanes::<F, MR, NR>(w, b);
-        let dd = _mm256_mul_ps(dx, dy);
-        let mut t = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), dd);
-        if F::HAS_MIN {
-            let sy = act_lanes::<MR>(acts.s.as_ptr().add(side));
-            t = _mm256_add_ps(t, _mm256_mul_ps(mx, sy));
-        }
-        acc = _mm256_add_ps(acc, t);
+        acc = fold_block::<F, MR, NR>(acc, reduce8(&p), w, acts, b, i0);
     }
     let mut r = [0f32; 8];
     _mm256_storeu_ps(r.as_mut_ptr(), acc);
     r
+}
+
+/// `acc` plus block `b`'s term for the tile's 8 pairs (lane `k` = pair `(k % MR, k / MR)`),
+/// from their exact integer dots `sumi`: `super::acc_q8` / `super::acc_q4_1` per lane.
+///
+/// # Safety
+/// As `tile`.
+#[inline(always)]
+pub(super) unsafe fn fold_block<F: Fmt32, const MR: usize, const NR: usize>(
+    acc: __m256,
+    mut sumi: __m256i,
+    w: &[*const F::W; NR],
+    acts: &Acts32<F::A>,
+    b: usize,
+    i0: usize,
+) -> __m256 {
+    let side = b * acts.m + i0;
+    if F::OFFSET8 {
+        let ysum = act_lanes_i32::<MR>(acts.ysum.as_ptr().add(side));
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<3>(ysum));
+    }
+    let dy = act_lanes::<MR>(acts.d.as_ptr().add(side));
+    let (dx, mx) = weight_lanes::<F, MR, NR>(w, b);
+    let dd = _mm256_mul_ps(dx, dy);
+    let mut t = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), dd);
+    if F::HAS_MIN {
+        let sy = act_lanes::<MR>(acts.s.as_ptr().add(side));
+        t = _mm256_add_ps(t, _mm256_mul_ps(mx, sy));
+    }
+    _mm256_add_ps(acc, t)
 }
 
 /// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`.
@@ -368,7 +429,11 @@ pub unsafe fn rows_with<D: IntDot, F: Fmt32>(
             }
             let wp: [*const F::W; 8] = std::array::from_fn(|k| wrow(j0 + k));
             for i0 in full..c1 {
-                let r = tile::<D, F, 1, 8>(&wp, &[arow(i0)], acts, i0, nb, prefetch);
+                let r = if F::NIBBLES {
+                    super::avx2_q4_decode::tile::<D, F>(&wp, arow(i0), acts, i0, nb, prefetch)
+                } else {
+                    tile::<D, F, 1, 8>(&wp, &[arow(i0)], acts, i0, nb, prefetch)
+                };
                 store(out, rows, &r, 1, i0, j0, r1);
             }
         }

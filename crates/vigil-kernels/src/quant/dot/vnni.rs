@@ -67,6 +67,10 @@ impl<V: Vnni256> IntDot for V {
     unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         V::dpwssd(acc, a, b)
     }
+    #[inline(always)]
+    unsafe fn dot4_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        V::dpbusd(acc, u, s)
+    }
 }
 
 /// `avx2::matmul_rows` (32-value formats, row tiles) with AVX-VNNI.
