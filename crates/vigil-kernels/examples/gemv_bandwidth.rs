@@ -1,6 +1,7 @@
 //! How close a decode step's matmuls (one activation row) come to the memory's read bandwidth
 //! when the weights do not fit in cache: `cargo run --release -p vigil-kernels --example
-//! gemv_bandwidth -- [format] [threads] [MiB] [passes] [qwen3|smollm2]`.
+//! gemv_bandwidth -- [format] [threads] [MiB] [passes] [qwen3|smollm2] [m]`
+//! (`m` activation rows: 1, decode, by default).
 //!
 //! Fills `MiB` of Qwen3-0.6B-shaped (or SmolLM2-135M-shaped) matrices (q/o, gate/up, down,
 //! round robin) in `format` (`bf16` default, `f16`, `f32`, `q8_0`, `q4_0`, `q4_1`), then runs one activation row through every matrix
@@ -35,6 +36,8 @@ fn main() {
         Some("smollm2") => SMOLLM2_SHAPES,
         _ => QWEN3_SHAPES,
     };
+    // Activation rows: 1 for decode; more times the prefill GEMM on weights from memory.
+    let m: usize = args.get(6).and_then(|s| s.parse().ok()).unwrap_or(1);
     let pool = ThreadPool::new(threads);
 
     let mut mats = Vec::new();
@@ -59,13 +62,15 @@ fn main() {
             data: WeightData::Owned(Arc::new(AlignedBytes::from_bytes(&data))),
         });
     }
-    let x: Vec<f32> = (0..3072).map(|k| ((k % 17) as f32 - 8.0) * 0.01).collect();
-    let mut out = vec![0f32; 3072];
+    let x: Vec<f32> = (0..3072 * m)
+        .map(|k| ((k % 17) as f32 - 8.0) * 0.01)
+        .collect();
+    let mut out = vec![0f32; 3072 * m];
     let mut best = f64::MAX;
     for _ in 0..passes {
         let t = Instant::now();
         for w in &mats {
-            matmul(&pool, w, &x[..w.cols], 1, &mut out[..w.rows]);
+            matmul(&pool, w, &x[..m * w.cols], m, &mut out[..m * w.rows]);
         }
         best = best.min(t.elapsed().as_secs_f64());
     }
@@ -89,6 +94,10 @@ fn main() {
         read_best = read_best.min(t.elapsed().as_secs_f64());
     }
     let gb = total as f64 / 1e9;
+    if m > 1 {
+        let flop: f64 = mats.iter().map(|w| 2.0 * (m * w.rows * w.cols) as f64).sum();
+        println!("m={m}: {:.1} GFLOP/s", flop / best / 1e9);
+    }
     println!(
         "{dtype} {} matrices, {:.0} MiB, threads={threads}: matmul {:.1} GB/s, plain read {:.1} GB/s ({:.0} %)",
         mats.len(),
