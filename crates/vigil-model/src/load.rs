@@ -10,6 +10,7 @@ use crate::tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Arc;
 use vigil_kernels::pool::ThreadPool;
+use vigil_kernels::storage::keep_mapped;
 
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
@@ -56,9 +57,15 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let pool = Arc::new(ThreadPool::new(
         opts.threads.unwrap_or_else(default_threads),
     ));
+    // Weights served as stored are read every token: from a resident copy. Weights quantized
+    // at load are new buffers anyway; their source is read once.
+    let resident = !keep_mapped() && opts.quantize == LoadQuantization::AsStored;
     let (config, weights, tokenizer) = if path.is_dir() {
         let config = crate::hf::load_hf_config(path)?;
-        let store = crate::safetensors_store::SafetensorsStore::open(path)?;
+        let mut store = crate::safetensors_store::SafetensorsStore::open(path)?;
+        if resident {
+            store = store.into_resident()?;
+        }
         let source = crate::source_hf::HfSource {
             store: &store,
             dir: path,
@@ -67,7 +74,10 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let weights = build_weights(&config, &source, opts.quantize)?;
         (config, weights, Tokenizer::from_hf_dir(path)?)
     } else {
-        let file = crate::gguf::GgufFile::open(path)?;
+        let mut file = crate::gguf::GgufFile::open(path)?;
+        if resident {
+            file = file.into_resident()?;
+        }
         let config = crate::source_gguf::gguf_config(&file)?;
         let weights = build_weights(
             &config,

@@ -15,6 +15,8 @@ const ENVIRONMENT: &str = "Environment:
                       (`vigil_server=debug`) [default: info]
   VIGIL_FORCE_SCALAR  set to 1 to use the portable kernels only (no AVX2/AVX-512)
   VIGIL_MAX_ISA       cap the kernels at scalar, avx2, avx_vnni or avx512 [default: the CPU's best]
+  VIGIL_MMAP          set to 1 to serve weights from the checkpoint's file mapping, not a resident
+                      copy in huge pages [default: off]
   VIGIL_BF16_DOTS     set to 1 to multiply BF16 weights with vdpbf16ps (AVX512_BF16), activations
                       rounded to BF16 [default: off, the f32 path]
   VIGIL_API_KEY       `serve`: the API key, as --api-key";
