@@ -95,7 +95,10 @@ fn main() {
     }
     let gb = total as f64 / 1e9;
     if m > 1 {
-        let flop: f64 = mats.iter().map(|w| 2.0 * (m * w.rows * w.cols) as f64).sum();
+        let flop: f64 = mats
+            .iter()
+            .map(|w| 2.0 * (m * w.rows * w.cols) as f64)
+            .sum();
         println!("m={m}: {:.1} GFLOP/s", flop / best / 1e9);
     }
     println!(
