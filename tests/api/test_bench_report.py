@@ -93,6 +93,17 @@ def fmt_num(v: float) -> str:
     return f"{v:.1f}" if a >= 100 else f"{v:.2f}" if a >= 1 else f"{v:.3f}"
 
 
+def bar_fraction(values: list[float], v: float, top: float) -> float:
+    """A bar's share of BAR_W (the report's `Scale`): linear, or logarithmic from the decade below
+    the smallest positive value when the chart's values span more than a factor of 20."""
+    pos = [x for x in values if x > 0]
+    if pos and max(pos) / min(pos) > 20:
+        floor = 10 ** math.floor(math.log10(min(pos)))
+        span = max(math.log10(top / floor), 1.0)
+        return min(max(math.log10(v / floor) / span, 0.0), 1.0) if v > 0 else 0.0
+    return v / top
+
+
 MISSING = object()  # the point has no such metric (no row, no bar)
 
 
@@ -132,12 +143,14 @@ def expected(run: dict) -> Expected:
         groups = [(label, v) for (label, mm), v in present.items() if mm == m]
         if not groups:
             continue
-        top = max((c for _, v in groups for c in v if finite(c)), default=0.0)
-        bars = [{"column": i, "width": max(c / top * BAR_W, 1.0), "label": fmt_num(c)}
+        charted = [c for _, v in groups for c in v if finite(c)]
+        top = max(charted, default=0.0)
+        bars = [{"column": i, "width": max(bar_fraction(charted, c, top) * BAR_W, 1.0), "label": fmt_num(c)}
                 for _, v in groups for i, c in enumerate(v) if finite(c) and top > 0]
         charts.append({"title": f"{run['workload']} — {m.title} p50 ({m.unit}, ",
                        "groups": [label for label, _ in groups], "bars": bars})
-    columns = [f"{t['name']} ({t['model']})" for t in targets]
+    # A model id that is a path is shown by its last component.
+    columns = [f"{t['name']} ({t['model'].rstrip('/').rsplit('/', 1)[-1]})" for t in targets]
     return Expected(run["workload"], columns, rows, charts)
 
 
@@ -166,7 +179,7 @@ def report(chromium: str, qwen: VigilServer, tmp_path_factory) -> tuple[Path, li
     return out_dir / "report" / "report.html", runs
 
 
-# Collected in the page: per <h2> section, its tables (header cells, first two cells of each row)
+# Collected in the page: per <h2> section, its tables (header cells, first three cells of each row)
 # and its charts (rendered box, title, legend swatches, bars with their rendered boxes).
 PAGE_SCRIPT = """() => {
   const box = el => { const r = el.getBoundingClientRect(); return {w: r.width, h: r.height, x: r.x, y: r.y}; };
@@ -178,7 +191,7 @@ PAGE_SCRIPT = """() => {
     if (el.tagName === 'TABLE') {
       const trs = [...el.rows];
       s.tables.push({box: box(el), head: [...trs[0].cells].map(c => c.textContent),
-                     rows: trs.slice(1).map(r => [...r.cells].slice(0, 2).map(c => c.textContent))});
+                     rows: trs.slice(1).map(r => [...r.cells].slice(0, 3).map(c => c.textContent))});
     } else if (el.namespaceURI === 'http://www.w3.org/2000/svg' && el.tagName === 'svg') {
       const rects = [...el.querySelectorAll('rect')];
       const bar = r => r.getAttribute('y') > 32;  // below the legend row
@@ -235,7 +248,8 @@ def check_page(seen: dict, problems: list[str], runs: list[dict]) -> None:
     want = [expected(r) for r in runs]
     assert list(sections) == ["Runs"] + [w for w in METRICS if w in {e.workload for e in want}], list(sections)
     (runs_table,) = sections["Runs"]["tables"]
-    assert [r[1] for r in runs_table["rows"]] == [r["workload"] for r in runs]
+    assert [r[0] for r in runs_table["rows"]] == [str(i + 1) for i in range(len(runs))]
+    assert [r[2] for r in runs_table["rows"]] == [r["workload"] for r in runs]
 
     for exp in want:
         s = sections[exp.workload]
@@ -243,7 +257,7 @@ def check_page(seen: dict, problems: list[str], runs: list[dict]) -> None:
         t = s["tables"][0]
         assert t["box"]["w"] > 0 and t["box"]["h"] > 0, f"{exp.workload}: table not rendered"
         assert t["head"] == ["point", "metric", *exp.columns, "best vs runner-up"], t["head"]
-        assert [tuple(r) for r in t["rows"]] == exp.rows, f"{exp.workload} table rows"
+        assert [tuple(r[:2]) for r in t["rows"]] == exp.rows, f"{exp.workload} table rows"
         titles = [c["title"] for c in s["charts"]]
         assert len(titles) == len(exp.charts), f"{exp.workload}: charts {titles}"
         for chart, e in zip(s["charts"], exp.charts):

@@ -26,11 +26,11 @@ pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String
          .best{background:#e6f4e6}.excl{color:#a33}\n\
          svg{display:block;margin:.5em 0 1.5em 0}\n</style>\n</head>\n<body>\n\
          <h1>Benchmark report</h1>\n<p>p50 large, p95 · p99 beneath; ★ marks the best value of \
-         each row; the ratio compares the best with the runner-up and names both values. Points \
+         each row (none on a tie); the ratio compares the best with the runner-up and names both values. Points \
          with any failed request are excluded and never ranked or charted.</p>\n",
     );
-    h.push_str("<h2>Runs</h2>\n<table>\n<tr><th>file</th><th>workload</th><th>hardware</th><th>targets</th></tr>\n");
-    for (f, path) in files.iter().zip(inputs) {
+    h.push_str("<h2>Runs</h2>\n<table>\n<tr><th>run</th><th>file</th><th>workload</th><th>hardware</th><th>targets</th></tr>\n");
+    for (run, (f, path)) in files.iter().zip(inputs).enumerate() {
         let targets: Vec<String> = f
             .targets
             .iter()
@@ -38,11 +38,11 @@ pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String
             .collect();
         let _ = writeln!(
             h,
-            "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{} ({} cores)</td><td class=\"l\">{}</td></tr>",
+            "<tr><td>{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
+            run + 1,
             esc(&path.display().to_string()),
             f.workload,
-            esc(f.hardware.cpu_model.as_deref().unwrap_or("unknown CPU")),
-            f.hardware.cores,
+            esc(&super::hardware_label(&f.hardware)),
             esc(&targets.join("; "))
         );
     }
@@ -139,6 +139,10 @@ fn chart(h: &mut String, t: &Table, rows: &[&Row]) {
         .iter()
         .flat_map(|r| r.cells.iter().filter_map(Cell::p50))
         .fold(0.0_f64, f64::max);
+    let scale = Scale::of(
+        rows.iter()
+            .flat_map(|r| r.cells.iter().filter_map(Cell::p50)),
+    );
     let n = t.columns.len() as f64;
     let group_h = n * BAR_H + GROUP_GAP;
     let legend_h = 20.0;
@@ -152,11 +156,12 @@ fn chart(h: &mut String, t: &Table, rows: &[&Row]) {
     let _ =
         writeln!(
         h,
-        "<text x=\"0\" y=\"14\" font-size=\"13\" font-weight=\"bold\">{} — {} p50 ({}, {})</text>",
+        "<text x=\"0\" y=\"14\" font-size=\"13\" font-weight=\"bold\">{} — {} p50 ({}, {}{})</text>",
         t.workload,
         esc(m.title),
         esc(m.unit),
-        if m.higher_is_better { "higher is better" } else { "lower is better" }
+        if m.higher_is_better { "higher is better" } else { "lower is better" },
+        if matches!(scale, Scale::Log { .. }) { ", log scale" } else { "" }
     );
     for (i, c) in t.columns.iter().enumerate() {
         let x = LABEL_W + i as f64 * 150.0;
@@ -180,7 +185,7 @@ fn chart(h: &mut String, t: &Table, rows: &[&Row]) {
             let y = y0 + i as f64 * BAR_H;
             match c.p50() {
                 Some(v) if max > 0.0 => {
-                    let w = (v / max * BAR_W).max(1.0);
+                    let w = (scale.fraction(v, max) * BAR_W).max(1.0);
                     let _ = writeln!(
                         h,
                         "<rect x=\"{LABEL_W}\" y=\"{y}\" width=\"{w:.1}\" height=\"{}\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{}\">{}</text>",
@@ -246,6 +251,45 @@ fn matrix_grids(h: &mut String, files: &[RunFile]) {
 }
 
 /// XML text escaping (also safe in attributes).
+/// How bar lengths map values: linear, or logarithmic from the decade below the smallest value
+/// when the values span more than a factor of 20 (a linear chart would flatten the small ones).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scale {
+    Linear,
+    Log { floor: f64 },
+}
+
+impl Scale {
+    fn of(values: impl Iterator<Item = f64>) -> Scale {
+        let (mut lo, mut hi) = (f64::INFINITY, 0.0_f64);
+        for v in values.filter(|&v| v > 0.0) {
+            lo = lo.min(v);
+            hi = hi.max(v);
+        }
+        if lo.is_finite() && hi / lo > 20.0 {
+            Scale::Log {
+                floor: 10f64.powf(lo.log10().floor()),
+            }
+        } else {
+            Scale::Linear
+        }
+    }
+
+    /// The bar's share of the full width for `v`, `max` being the largest value.
+    fn fraction(self, v: f64, max: f64) -> f64 {
+        match self {
+            Scale::Linear => v / max,
+            Scale::Log { floor } if v > 0.0 => {
+                // The smallest value still gets a visible bar: one decade is a tenth of the
+                // range at least.
+                let span = (max / floor).log10().max(1.0);
+                ((v / floor).log10() / span).clamp(0.0, 1.0)
+            }
+            Scale::Log { .. } => 0.0,
+        }
+    }
+}
+
 fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for ch in s.chars() {
@@ -259,4 +303,20 @@ fn esc(s: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scale;
+
+    #[test]
+    fn values_spanning_orders_of_magnitude_chart_on_a_log_scale() {
+        assert_eq!(Scale::of([3.0, 40.0].into_iter()), Scale::Linear);
+        let s = Scale::of([0.22, 4.0, 620.0].into_iter());
+        assert_eq!(s, Scale::Log { floor: 0.1 });
+        // 0.22 is 0.34 of a decade above 0.1; the range is log10(6200) = 3.79 decades.
+        assert!((s.fraction(0.22, 620.0) - 0.0904).abs() < 1e-3);
+        assert_eq!(s.fraction(620.0, 620.0), 1.0);
+        assert!(s.fraction(4.0, 620.0) > 2.0 * s.fraction(0.22, 620.0));
+    }
 }

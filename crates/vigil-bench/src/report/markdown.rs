@@ -9,17 +9,15 @@ use std::path::PathBuf;
 pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String {
     let mut md = String::from("# Benchmark report\n\n");
     md.push_str(
-        "p50 in large type, p95 · p99 beneath; ★ marks the best value of each row; the ratio \
+        "p50 in large type, p95 · p99 beneath; ★ marks the best value of each row (none on a tie); the ratio \
          compares the best with the runner-up and names both values. Points with any failed \
          request are excluded and never ranked.\n\n",
     );
-    md.push_str("## Runs\n\n| file | workload | hardware | targets |\n|---|---|---|---|\n");
-    for (f, path) in files.iter().zip(inputs) {
-        let hw = format!(
-            "{} ({} cores)",
-            f.hardware.cpu_model.as_deref().unwrap_or("unknown CPU"),
-            f.hardware.cores
-        );
+    md.push_str(
+        "## Runs\n\n| run | file | workload | hardware | targets |\n|---|---|---|---|---|\n",
+    );
+    for (run, (f, path)) in files.iter().zip(inputs).enumerate() {
+        let hw = super::hardware_label(&f.hardware);
         let targets: Vec<String> = f
             .targets
             .iter()
@@ -37,7 +35,8 @@ pub fn render(files: &[RunFile], tables: &[Table], inputs: &[PathBuf]) -> String
             .collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} |",
+            run + 1,
             esc(&path.display().to_string()),
             f.workload,
             esc(&hw),

@@ -227,9 +227,62 @@ pub struct Column {
 }
 
 impl Column {
+    /// The target's name, and its model as the server names it (a file name without its
+    /// directories).
     pub fn heading(&self) -> String {
-        format!("{} ({})", self.name, self.model)
+        format!("{} ({})", self.name, short_model(&self.model))
     }
+}
+
+/// A model id as a label: the last component when it is a path.
+pub fn short_model(model: &str) -> &str {
+    model
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .filter(|s| !s.is_empty())
+        .unwrap_or(model)
+}
+
+/// The SIMD features among `/proc/cpuinfo` flags that decide which kernels run.
+pub fn simd_flags(flags: &str) -> String {
+    const SIMD: [&str; 16] = [
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx_vnni",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_vnni",
+        "avx512_bf16",
+        "avx512_fp16",
+        "amx_tile",
+        "amx_int8",
+        "amx_bf16",
+        "asimd",
+        "sve",
+    ];
+    let have: Vec<&str> = flags.split_whitespace().collect();
+    let shown: Vec<&str> = SIMD.into_iter().filter(|f| have.contains(f)).collect();
+    if shown.is_empty() {
+        "no AVX".to_string()
+    } else {
+        shown.join(" ")
+    }
+}
+
+/// How a run's hardware reads in the Runs table: CPU model, cores and its SIMD flags.
+pub fn hardware_label(h: &crate::hardware::Hardware) -> String {
+    format!(
+        "{} ({} cores; flags: {})",
+        h.cpu_model.as_deref().unwrap_or("unknown CPU"),
+        h.cores,
+        h.cpu_flags
+            .as_deref()
+            .map_or("not recorded".to_string(), simd_flags)
+    )
 }
 
 /// A row: one metric at one point, a cell per column, the best column and the ratio.
@@ -253,23 +306,38 @@ pub struct Table {
     pub notes: Vec<String>,
 }
 
-/// Result files grouped into one table per workload (later files override earlier ones for the
-/// same target name, model and point).
+/// Result files grouped into one table per workload. A target (name and model) that appears in
+/// one file is one column; one that appears in several files gets a column per run, named
+/// "NAME · run N" (N: the file's place among the inputs, as the Runs table numbers them), so no
+/// run hides another.
 pub fn tables(files: &[RunFile]) -> Vec<Table> {
     // Per workload: columns, point labels in first-seen order, and (column, label) → point.
     type Gathered = (Vec<Column>, Vec<String>, BTreeMap<(usize, String), Point>);
-    let mut by_workload: BTreeMap<Workload, Gathered> = BTreeMap::new();
+    let mut runs_of: BTreeMap<(Workload, &str, &str), usize> = BTreeMap::new();
     for f in files {
+        for t in &f.targets {
+            *runs_of
+                .entry((f.workload, t.name.as_str(), t.model.as_str()))
+                .or_default() += 1;
+        }
+    }
+    let mut by_workload: BTreeMap<Workload, Gathered> = BTreeMap::new();
+    for (run, f) in files.iter().enumerate() {
         let (columns, points, data) = by_workload.entry(f.workload).or_default();
         for t in &f.targets {
+            let name = if runs_of[&(f.workload, t.name.as_str(), t.model.as_str())] > 1 {
+                format!("{} · run {}", t.name, run + 1)
+            } else {
+                t.name.clone()
+            };
             let col = match columns
                 .iter()
-                .position(|c| c.name == t.name && c.model == t.model)
+                .position(|c| c.name == name && c.model == t.model)
             {
                 Some(i) => i,
                 None => {
                     columns.push(Column {
-                        name: t.name.clone(),
+                        name,
                         model: t.model.clone(),
                         engine: t.owned_by.clone(),
                     });
@@ -397,6 +465,19 @@ fn rank(columns: &[Column], cells: &[Cell], m: &MetricSpec) -> (Option<usize>, O
             a.1.total_cmp(&b.1)
         }
     });
+    // Values that print the same are a tie: no best, and the ratio says so.
+    if let [(a, av), (b, bv), ..] = valid.as_slice() {
+        if fmt_num(*av) == fmt_num(*bv) {
+            let tie = format!(
+                "tie: {} and {} ({} {})",
+                columns[*a].name,
+                columns[*b].name,
+                fmt_num(*av),
+                m.unit
+            );
+            return (None, Some(tie));
+        }
+    }
     let best = valid.first().map(|&(i, _)| i);
     let ratio = match valid.as_slice() {
         [(b, bv), (r, rv), ..] if *bv > 0.0 && *rv > 0.0 => {
@@ -484,6 +565,46 @@ mod tests {
         // An excluded cell is never best, even alone.
         let (best, ratio) = rank(&cols[2..], &cells[2..], &TTFT);
         assert_eq!((best, ratio), (None, None));
+        // Values that print the same: no best.
+        let (best, ratio) = rank(&cols[..2], &[v(12.301), v(12.299)], &TTFT);
+        assert_eq!(best, None);
+        assert_eq!(ratio.unwrap(), "tie: b and a (12.30 ms)");
+    }
+
+    #[test]
+    fn a_target_in_several_runs_gets_a_column_per_run() {
+        let file = |p50: f64| -> RunFile {
+            let point = serde_json::json!({
+                "label": "c=1", "params": {}, "warmup_requests": 0, "measured_requests": 1,
+                "failed": 0, "excluded": false, "errors": [], "wall_s": 1.0,
+                "throughput": {}, "samples": [],
+                "metrics": {"ttft_ms": {"n": 1, "mean": p50, "min": p50, "p50": p50,
+                    "p95": p50, "p99": p50, "max": p50}},
+            });
+            serde_json::from_value(serde_json::json!({
+                "schema": "s", "tool_version": "t", "started_unix_s": 0,
+                "workload": Workload::Single,
+                "settings": crate::workload::Settings::default(),
+                "hardware": {"cpu_model": "X", "cores": 2, "logical_cpus": 2, "os": "linux",
+                    "arch": "x86_64", "gpu": null, "cpu_flags": "fpu avx2 fma avx512f"},
+                "targets": [{"name": "vigil", "url": "u", "model": "/models/a.gguf",
+                    "owned_by": null, "server_header": null, "max_model_len": null,
+                    "points": [point]}],
+            }))
+            .unwrap()
+        };
+        let t = &tables(&[file(5.0), file(7.0)])[0];
+        let names: Vec<String> = t.columns.iter().map(Column::heading).collect();
+        assert_eq!(names, ["vigil · run 1 (a.gguf)", "vigil · run 2 (a.gguf)"]);
+        let ttft = t.rows.iter().find(|r| r.metric.key == "ttft_ms").unwrap();
+        assert_eq!(ttft.cells[0].p50(), Some(5.0));
+        assert_eq!(ttft.cells[1].p50(), Some(7.0));
+        // One run: the plain name.
+        assert_eq!(tables(&[file(5.0)])[0].columns[0].name, "vigil");
+        assert_eq!(
+            hardware_label(&file(5.0).hardware),
+            "X (2 cores; flags: avx2 fma avx512f)"
+        );
     }
 
     #[test]
