@@ -52,14 +52,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if prefill_lens.contains(&0) {
         return Err("--pp lengths must be positive".into());
     }
+    // The longest sequence a test runs: a prefill, the 128-token prompt plus `tg`, or the
+    // depth plus its 64 decoded tokens.
     let ctx = 256
         + prefill_lens
             .iter()
             .copied()
-            .chain(depth)
+            .chain(depth.map(|d| d + 64))
+            .chain([128 + tg])
             .max()
-            .unwrap_or(0)
-            .max(128);
+            .unwrap_or(0);
     let loaded = load(
         std::path::Path::new(model_path),
         &LoadOptions {
