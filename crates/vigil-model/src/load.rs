@@ -57,15 +57,9 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let pool = Arc::new(ThreadPool::new(
         opts.threads.unwrap_or_else(default_threads),
     ));
-    // Weights served as stored are read every token: from a resident copy. Weights quantized
-    // at load are new buffers anyway; their source is read once.
-    let resident = !keep_mapped() && opts.quantize == LoadQuantization::AsStored;
-    let (config, weights, tokenizer) = if path.is_dir() {
+    let (config, mut weights, tokenizer) = if path.is_dir() {
         let config = crate::hf::load_hf_config(path)?;
-        let mut store = crate::safetensors_store::SafetensorsStore::open(path)?;
-        if resident {
-            store = store.into_resident()?;
-        }
+        let store = crate::safetensors_store::SafetensorsStore::open(path)?;
         let source = crate::source_hf::HfSource {
             store: &store,
             dir: path,
@@ -74,10 +68,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let weights = build_weights(&config, &source, opts.quantize)?;
         (config, weights, Tokenizer::from_hf_dir(path)?)
     } else {
-        let mut file = crate::gguf::GgufFile::open(path)?;
-        if resident {
-            file = file.into_resident()?;
-        }
+        let file = crate::gguf::GgufFile::open(path)?;
         let config = crate::source_gguf::gguf_config(&file)?;
         let weights = build_weights(
             &config,
@@ -87,6 +78,14 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let tokenizer = Tokenizer::from_gguf_vocab(&crate::source_gguf::gguf_vocab(&file)?)?;
         (config, weights, tokenizer)
     };
+    // The matrices read straight from the checkpoint are read every token: from a resident
+    // copy (converted ones are owned buffers already).
+    if !keep_mapped() {
+        weights.make_resident().map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    }
     let chat_template = match tokenizer.chat_template() {
         Some(src) => Some(ChatTemplate::new(
             src,

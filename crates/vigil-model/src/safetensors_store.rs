@@ -47,20 +47,6 @@ pub struct HfTensor {
 }
 
 impl SafetensorsStore {
-    /// Every shard copied into resident memory (`vigil_kernels::storage::resident_copy`).
-    pub fn into_resident(mut self) -> Result<Self, ModelError> {
-        for shard in &mut self.shards {
-            let copy = vigil_kernels::storage::resident_copy(&shard.map).map_err(|source| {
-                ModelError::Io {
-                    path: shard.path.clone(),
-                    source,
-                }
-            })?;
-            shard.map = Arc::new(copy);
-        }
-        Ok(self)
-    }
-
     /// Map the checkpoint in `dir`: the shards listed by `model.safetensors.index.json` when
     /// present, else `model.safetensors`.
     pub fn open(dir: &Path) -> Result<Self, ModelError> {

@@ -294,3 +294,55 @@ fn unsupported_dtype_and_absent_tensor_name_the_tensor() {
     let err = store.tensor("nope").unwrap_err().to_string();
     assert!(err.contains("nope"), "{err}");
 }
+
+/// What `load` serves weights from (unless VIGIL_MMAP=1): the checkpoint's bytes, copied from
+/// both shards into one buffer of their own, a tied output's once with its embedding.
+#[test]
+fn loaded_weights_are_a_resident_copy_of_the_checkpoint() {
+    let dir = fixture("llama");
+    let opts = vigil_model::load::LoadOptions {
+        threads: Some(1),
+        ..Default::default()
+    };
+    let weights = vigil_model::load::load(&dir, &opts).unwrap().model.weights;
+    let store = SafetensorsStore::open(&dir).unwrap();
+    let map_of = |data: &WeightData| match data {
+        WeightData::Mapped { map, .. } => map.clone(),
+        WeightData::Owned(_) => panic!("owned, not a view of the resident copy"),
+    };
+    let copy = map_of(&weights.token_embd.data);
+    let last = weights.layers.len() - 1;
+    for (name, m) in [
+        ("model.embed_tokens.weight", &weights.token_embd),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            &weights.layers[0].wq,
+        ),
+        (
+            &*format!("model.layers.{last}.self_attn.o_proj.weight"),
+            &weights.layers[last].wo,
+        ),
+    ] {
+        let file = store.tensor(name).unwrap();
+        assert_eq!(
+            m.data.bytes(),
+            file.data.bytes(),
+            "{name} bytes of the resident copy"
+        );
+        assert!(
+            std::sync::Arc::ptr_eq(&map_of(&m.data), &copy),
+            "{name} ({}) is not in the one resident buffer",
+            file.file.display()
+        );
+    }
+    let shards: std::collections::BTreeSet<_> = store
+        .names()
+        .map(|n| store.tensor(n).unwrap().file)
+        .collect();
+    assert_eq!(shards.len(), 2, "the fixture spans two shards");
+    assert_eq!(
+        weights.output.data.bytes().as_ptr(),
+        weights.token_embd.data.bytes().as_ptr(),
+        "the tied output is copied once with its embedding"
+    );
+}

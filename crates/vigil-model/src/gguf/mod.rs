@@ -112,18 +112,6 @@ impl GgufFile {
         })
     }
 
-    /// The file copied into resident memory (`vigil_kernels::storage::resident_copy`): tensor
-    /// views then read the copy, not the page cache. Offsets are unchanged.
-    pub fn into_resident(mut self) -> Result<GgufFile, ModelError> {
-        let copy =
-            vigil_kernels::storage::resident_copy(&self.map).map_err(|source| ModelError::Io {
-                path: self.path.clone(),
-                source,
-            })?;
-        self.map = Arc::new(copy);
-        Ok(self)
-    }
-
     /// Alignment of tensor data in this file.
     pub fn alignment(&self) -> u64 {
         self.alignment
