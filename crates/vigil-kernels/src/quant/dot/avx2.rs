@@ -319,14 +319,19 @@ unsafe fn tile<D: IntDot, F: Fmt32, const MR: usize, const NR: usize>(
     prefetch: isize,
 ) -> [f32; 8] {
     let mut acc = _mm256_setzero_ps();
+    // The tile's rows are contiguous, and so are the next tile's (`prefetch` bytes on): sweep
+    // those linearly, `NR` blocks' bytes per block, a line at a time, so DRAM streams ahead of
+    // use without asking for each line once per row.
+    let step = NR * std::mem::size_of::<F::W>();
+    let ahead = w[0].cast::<i8>().wrapping_offset(prefetch);
     for b in 0..nb {
+        if prefetch != 0 {
+            for line in (0..step).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(b * step + line));
+            }
+        }
         let mut wv = [[_mm256_setzero_si256(); 2]; NR];
         for j in 0..NR {
-            if prefetch != 0 {
-                // The same block of the next tile's rows, so DRAM streams ahead of use.
-                let ahead = w[j].add(b).cast::<i8>().wrapping_offset(prefetch);
-                _mm_prefetch::<_MM_HINT_T0>(ahead);
-            }
             wv[j] = F::weight_values(w[j].add(b));
         }
         let mut y = [_mm256_setzero_si256(); MR];

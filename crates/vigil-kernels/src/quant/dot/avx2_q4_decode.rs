@@ -30,10 +30,15 @@ pub unsafe fn tile<D: IntDot, F: Fmt32>(
 ) -> [f32; 8] {
     let low = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
+    // The 8 rows are contiguous, and so are the 8 that `prefetch` reaches: sweep that region
+    // linearly, one group's block-width of bytes per block, a line at a time (a prefetch per
+    // row and block asked for each line 3–4 times).
+    let step = 8 * std::mem::size_of::<F::W>();
+    let ahead = w[0].cast::<i8>().wrapping_offset(prefetch);
     for b in 0..nb {
         if prefetch != 0 {
-            for row in w {
-                _mm_prefetch::<_MM_HINT_T0>(row.add(b).cast::<i8>().wrapping_offset(prefetch));
+            for line in (0..step).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(b * step + line));
             }
         }
         let y = F::act_qs(a.add(b));
