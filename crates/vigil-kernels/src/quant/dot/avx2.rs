@@ -319,16 +319,10 @@ unsafe fn tile<D: IntDot, F: Fmt32, const MR: usize, const NR: usize>(
     prefetch: isize,
 ) -> [f32; 8] {
     let mut acc = _mm256_setzero_ps();
-    // The tile's rows are contiguous, and so are the next tile's (`prefetch` bytes on): sweep
-    // those linearly, `NR` blocks' bytes per block, a line at a time, so DRAM streams ahead of
-    // use without asking for each line once per row.
-    let step = NR * std::mem::size_of::<F::W>();
     let ahead = w[0].cast::<i8>().wrapping_offset(prefetch);
     for b in 0..nb {
         if prefetch != 0 {
-            for line in (0..step).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(b * step + line));
-            }
+            prefetch_sweep(ahead, b, NR * std::mem::size_of::<F::W>());
         }
         let mut wv = [[_mm256_setzero_si256(); 2]; NR];
         for j in 0..NR {
@@ -349,6 +343,17 @@ unsafe fn tile<D: IntDot, F: Fmt32, const MR: usize, const NR: usize>(
     let mut r = [0f32; 8];
     _mm256_storeu_ps(r.as_mut_ptr(), acc);
     r
+}
+
+/// Prefetch block `b`'s share of the next group of weight rows, which starts at `ahead`:
+/// the rows of a group are contiguous, so a tile of `step`-byte blocks (a block of each row)
+/// sweeps the next group's bytes linearly, a line at a time, and DRAM streams ahead of use
+/// without any line being asked for once per row (a Q4_0 block is 18 bytes).
+#[inline(always)]
+pub(super) unsafe fn prefetch_sweep(ahead: *const i8, b: usize, step: usize) {
+    for line in (0..step).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(b * step + line));
+    }
 }
 
 /// `acc` plus block `b`'s term for the tile's 8 pairs (lane `k` = pair `(k % MR, k / MR)`),

@@ -9,12 +9,12 @@
 //! lanes and 3 `hadd`s reduce all 8 rows. The integer block sums are exact, and the float
 //! steps are `avx2::fold_block`'s, so every lane gets `avx2::tile`'s bits.
 
-use super::avx2::{fold_block, Fmt32, IntDot};
+use super::avx2::{fold_block, prefetch_sweep, Fmt32, IntDot};
 use super::Acts32;
 use std::arch::x86_64::*;
 
 /// Weight rows `w[0..8]` against activation row `i0` (`a`) over `nb` blocks; lane `k` is row
-/// `k`. `prefetch`: bytes ahead of each row's block to fetch (0: none).
+/// `k`. `prefetch`: bytes from these rows to the next group's, swept by `prefetch_sweep` (0: none).
 ///
 /// # Safety
 /// AVX2 and `D`'s features (inlined into an entry point enabling them); every pointer
@@ -30,16 +30,10 @@ pub unsafe fn tile<D: IntDot, F: Fmt32>(
 ) -> [f32; 8] {
     let low = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
-    // The 8 rows are contiguous, and so are the 8 that `prefetch` reaches: sweep that region
-    // linearly, one group's block-width of bytes per block, a line at a time (a prefetch per
-    // row and block asked for each line 3–4 times).
-    let step = 8 * std::mem::size_of::<F::W>();
     let ahead = w[0].cast::<i8>().wrapping_offset(prefetch);
     for b in 0..nb {
         if prefetch != 0 {
-            for line in (0..step).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(b * step + line));
-            }
+            prefetch_sweep(ahead, b, 8 * std::mem::size_of::<F::W>());
         }
         let y = F::act_qs(a.add(b));
         let y_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(y.cast()));
