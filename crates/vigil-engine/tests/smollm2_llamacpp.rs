@@ -40,11 +40,13 @@ struct Case {
 /// A top-1/top-2 logit margin below this is inside llama.cpp's own batch-shape noise.
 const NEAR_TIE: f32 = 0.5;
 
+/// The real SmolLM2 file: a test that needs it fails without it rather than passing unseen.
 fn gguf_path() -> Option<PathBuf> {
     let p = std::env::var_os("VIGIL_TEST_GGUF").map(PathBuf::from);
-    if p.is_none() {
-        eprintln!("skipped: VIGIL_TEST_GGUF is not set");
-    }
+    assert!(
+        p.is_some(),
+        "VIGIL_TEST_GGUF is not set: eval \"$(scripts/fetch_test_assets.sh)\" first"
+    );
     p
 }
 
@@ -115,6 +117,29 @@ fn top_n(row: &[f32], n: usize) -> Vec<u32> {
     idx.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
     idx.truncate(n);
     idx
+}
+
+#[test]
+fn four_bit_layers_load_interleaved_for_the_kernels() {
+    use vigil_kernels::cpu::{self, Isa};
+    use vigil_kernels::Layout;
+    let Some(path) = gguf_path() else { return };
+    let weights = load_smollm2(&path).model.weights;
+    let simd = cpu::features().best() != Isa::Scalar;
+    let want = if simd {
+        Layout::Interleaved8
+    } else {
+        Layout::Rows
+    };
+    for (i, l) in weights.layers.iter().enumerate() {
+        for (name, m) in [("wq", &l.wq), ("wk", &l.wk), ("wv", &l.wv), ("wo", &l.wo)] {
+            assert_eq!(m.dtype, vigil_kernels::DType::Q4_1, "layer {i} {name}");
+            assert_eq!(m.layout, want, "layer {i} {name}");
+        }
+    }
+    // Read a row at a time by the lookup, and tied: left as the checkpoint has it.
+    assert_eq!(weights.token_embd.layout, Layout::Rows);
+    assert_eq!(weights.output.layout, Layout::Rows);
 }
 
 #[test]

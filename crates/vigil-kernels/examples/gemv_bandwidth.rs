@@ -4,7 +4,8 @@
 //! (`m` activation rows: 1, decode, by default).
 //!
 //! Fills `MiB` of Qwen3-0.6B-shaped (or SmolLM2-135M-shaped) matrices (q/o, gate/up, down,
-//! round robin) in `format` (`bf16` default, `f16`, `f32`, `q8_0`, `q4_0`, `q4_1`), then runs one activation row through every matrix
+//! round robin) in `format` (`bf16` default, `f16`, `f32`, `q8_0`, `q4_0`, `q4_1`, and `q4_0x8`,
+//! `q4_1x8` interleaved as loaded), then runs one activation row through every matrix
 //! in turn, as a decode step does, and prints the weight bytes read per second (best pass)
 //! beside a plain read of the same bytes (every thread summing its own slice).
 
@@ -21,7 +22,10 @@ const SMOLLM2_SHAPES: [(usize, usize); 3] = [(576, 576), (1536, 576), (576, 1536
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let dtype = match args.get(1).map_or("bf16", |s| s.as_str()) {
+    let format = args.get(1).map_or("bf16", |s| s.as_str());
+    // `q4_0x8`, `q4_1x8`: interleaved as the loader stores them (`quant::interleave`).
+    let interleave = format.ends_with("x8");
+    let dtype = match format.trim_end_matches("x8") {
         "f16" => DType::F16,
         "f32" => DType::F32,
         "q8_0" => DType::Q8_0,
@@ -55,12 +59,14 @@ fn main() {
             *b = if k % 2 == 1 { 0x3c } else { seed as u8 };
         }
         total += bytes;
-        mats.push(QMatrix {
+        let w = QMatrix::new(
             dtype,
             rows,
             cols,
-            data: WeightData::Owned(Arc::new(AlignedBytes::from_bytes(&data))),
-        });
+            WeightData::Owned(Arc::new(AlignedBytes::from_bytes(&data))),
+        );
+        let x8 = interleave.then(|| vigil_kernels::quant::interleave::interleaved(&w));
+        mats.push(x8.flatten().unwrap_or(w));
     }
     let x: Vec<f32> = (0..3072 * m)
         .map(|k| ((k % 17) as f32 - 8.0) * 0.01)
@@ -102,7 +108,7 @@ fn main() {
         println!("m={m}: {:.1} GFLOP/s", flop / best / 1e9);
     }
     println!(
-        "{dtype} {} matrices, {:.0} MiB, threads={threads}: matmul {:.1} GB/s, plain read {:.1} GB/s ({:.0} %)",
+        "{format} {} matrices, {:.0} MiB, threads={threads}: matmul {:.1} GB/s, plain read {:.1} GB/s ({:.0} %)",
         mats.len(),
         total as f64 / (1 << 20) as f64,
         gb / best,

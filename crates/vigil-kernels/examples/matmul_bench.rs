@@ -2,7 +2,8 @@
 //! vigil-kernels --example matmul_bench -- [m] [threads] [reps] [format]`.
 //!
 //! `format` picks the weights and the model whose shapes they take: `q4_1` (the default) and
-//! `q4_0` time SmolLM2-135M's q, k, v, o, gate, up and down; `q8_0`, `bf16`, `f16` and `f32`
+//! `q4_0` time SmolLM2-135M's q, k, v, o, gate, up and down (`q4_1x8`, `q4_0x8`: interleaved
+//! as the loader stores them); `q8_0`, `bf16`, `f16` and `f32`
 //! time Qwen3-0.6B's distinct projection shapes; `q4_k` and `q6_k` Gemma 3 270M's k-quant ones
 //! (its Q4_K_M file's attention output and down projection). Random weights and activations; prints the
 //! best time and GFLOP/s (2 · m · rows · cols) per shape and for the layer. Under `valgrind
@@ -100,6 +101,7 @@ fn random_matrix(dtype: DType, rows: usize, cols: usize, seed: &mut u64) -> QMat
         random_element(dtype, seed, element);
     }
     QMatrix {
+        layout: vigil_kernels::Layout::Rows,
         dtype,
         rows,
         cols,
@@ -117,7 +119,9 @@ fn arg(i: usize, default: usize) -> usize {
 fn main() {
     let (m, threads, reps) = (arg(1, 512), arg(2, 2), arg(3, 5));
     let format = std::env::args().nth(4).unwrap_or_else(|| "q4_1".into());
-    let (dtype, shapes): (DType, &[(usize, usize)]) = match format.as_str() {
+    // `q4_0x8`, `q4_1x8`: interleaved as the loader stores them (`quant::interleave`).
+    let interleave = format.ends_with("x8");
+    let (dtype, shapes): (DType, &[(usize, usize)]) = match format.trim_end_matches("x8") {
         "q4_1" => (DType::Q4_1, &SMOLLM2),
         "q4_0" => (DType::Q4_0, &SMOLLM2),
         "q8_0" => (DType::Q8_0, &QWEN3_0_6B),
@@ -127,7 +131,9 @@ fn main() {
         "q4_k" => (DType::Q4K, &GEMMA3_270M_K),
         "q6_k" => (DType::Q6K, &GEMMA3_270M_K),
         other => {
-            eprintln!("format {other:?}: expected q4_1, q4_0, q8_0, q4_k, q6_k, bf16, f16 or f32");
+            eprintln!(
+                "format {other:?}: expected q4_1, q4_0 (x8: interleaved), q8_0, q4_k, q6_k, bf16, f16 or f32"
+            );
             std::process::exit(2);
         }
     };
@@ -140,7 +146,10 @@ fn main() {
     let mut out = vec![0f32; m * widest];
     let (mut layer_s, mut layer_flop) = (0.0, 0.0);
     for &(rows, cols) in shapes {
-        let w = random_matrix(dtype, rows, cols, &mut seed);
+        let mut w = random_matrix(dtype, rows, cols, &mut seed);
+        if interleave {
+            w = vigil_kernels::quant::interleave::interleaved(&w).unwrap_or(w);
+        }
         let mut best = f64::MAX;
         for _ in 0..reps {
             let t = Instant::now();

@@ -17,4 +17,4 @@ pub mod storage;
 mod vector_math;
 
 pub use dtype::DType;
-pub use storage::{QMatrix, WeightData};
+pub use storage::{Layout, QMatrix, WeightData};

@@ -106,23 +106,57 @@ impl AlignedBytes {
     }
 }
 
-/// A row-major weight matrix of `rows` outputs × `cols` inputs (PyTorch `[out, in]`, GGUF
-/// `ne = [cols, rows]`), each row `cols / block_size` blocks of `dtype`.
+/// How a matrix's blocks are ordered in its bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// Row after row, as in the checkpoint.
+    #[default]
+    Rows,
+    /// Q4_0 / Q4_1 only: groups of 8 rows, block by block (`BlockQ4_0x8`, `BlockQ4_1x8`), the
+    /// last group padded with zero rows. Made at load by `quant::interleave` for the kernels.
+    Interleaved8,
+}
+
+/// A weight matrix of `rows` outputs × `cols` inputs (PyTorch `[out, in]`, GGUF
+/// `ne = [cols, rows]`), each row `cols / block_size` blocks of `dtype`, stored as `layout`
+/// says.
 #[derive(Clone, Debug)]
 pub struct QMatrix {
     pub dtype: DType,
     pub rows: usize,
     pub cols: usize,
     pub data: WeightData,
+    pub layout: Layout,
 }
 
 impl QMatrix {
+    /// A matrix stored row after row (as every checkpoint stores it).
+    pub fn new(dtype: DType, rows: usize, cols: usize, data: WeightData) -> Self {
+        QMatrix {
+            dtype,
+            rows,
+            cols,
+            data,
+            layout: Layout::Rows,
+        }
+    }
+
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
         self.cols / self.dtype.block_size() * self.dtype.type_size()
     }
 
+    /// Row `r`'s bytes, in place (`Layout::Rows` only; `quant::dequant::dequantize_row`
+    /// reads either layout).
+    ///
+    /// # Panics
+    /// On an interleaved matrix, whose rows are not contiguous.
     pub fn row(&self, r: usize) -> &[u8] {
+        assert_eq!(
+            self.layout,
+            Layout::Rows,
+            "QMatrix::row on an interleaved matrix"
+        );
         let n = self.row_bytes();
         &self.data.bytes()[r * n..(r + 1) * n]
     }

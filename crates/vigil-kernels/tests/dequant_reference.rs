@@ -79,6 +79,7 @@ fn rows_of_a_matrix_dequantize_to_their_slice_of_the_reference() {
         let rows = expected.len() / cols;
         let row_bytes = dtype.bytes_for(cols).unwrap();
         let m = QMatrix {
+            layout: vigil_kernels::Layout::Rows,
             dtype,
             rows,
             cols,

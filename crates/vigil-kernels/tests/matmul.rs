@@ -25,6 +25,7 @@ const ALL: [DType; 9] = [
 fn matrix(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> QMatrix {
     assert_eq!(bytes.len(), rows * dtype.bytes_for(cols).unwrap());
     QMatrix {
+        layout: vigil_kernels::Layout::Rows,
         dtype,
         rows,
         cols,

@@ -45,6 +45,7 @@ fn weights(rng: &mut ChaCha8Rng, dtype: DType, rows: usize, cols: usize) -> (QMa
         vals.push(v);
     }
     let w = QMatrix {
+        layout: vigil_kernels::Layout::Rows,
         dtype,
         rows,
         cols,

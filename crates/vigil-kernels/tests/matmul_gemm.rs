@@ -29,6 +29,7 @@ fn matrix(dtype: DType, rows: usize, cols: usize, bytes: Vec<u8>) -> QMatrix {
         rows * cols / dtype.block_size() * dtype.type_size()
     );
     QMatrix {
+        layout: vigil_kernels::Layout::Rows,
         dtype,
         rows,
         cols,

@@ -4,6 +4,8 @@
 //! a multiple of the tile or the 64-row chunk, weight rows not a multiple of 8 or 16), 1 and
 //! 2 threads, and the extreme quants the exact integer dots must hold.
 //!
+//! Q4_0 and Q4_1 run in both layouts, rows and the 8-row interleaved one the loader makes.
+//!
 //! A level the CPU lacks is skipped with a "skipped: CPU lacks ..." line on stderr, so the
 //! suite passes on machines with and without AVX-512 (run with `--nocapture` to see it).
 
@@ -13,6 +15,7 @@ use std::sync::Arc;
 use vigil_kernels::cpu::{self, Isa};
 use vigil_kernels::matmul::{matmul_group_isa, matmul_isa, matmul_scalar};
 use vigil_kernels::pool::ThreadPool;
+use vigil_kernels::quant::interleave;
 use vigil_kernels::storage::AlignedBytes;
 use vigil_kernels::{DType, QMatrix, WeightData};
 
@@ -52,6 +55,7 @@ fn weights(
         }
     }
     QMatrix {
+        layout: vigil_kernels::Layout::Rows,
         dtype,
         rows,
         cols,
@@ -59,25 +63,40 @@ fn weights(
     }
 }
 
+/// Level `isa` against the scalar path on `w`, and for Q4_0 / Q4_1 also on `w` interleaved
+/// as the loader stores it (`quant::interleave`), on that level and on the scalar path.
 fn check(pool: &ThreadPool, isa: Isa, w: &QMatrix, x: &[f32], m: usize, what: &str) {
-    let mut fast = vec![f32::NAN; m * w.rows];
     let mut slow = vec![f32::NAN; m * w.rows];
-    matmul_isa(pool, isa, w, x, m, &mut fast);
     matmul_scalar(w, x, m, &mut slow);
-    for k in 0..m * w.rows {
-        assert_eq!(
-            fast[k].to_bits(),
-            slow[k].to_bits(),
-            "{} {what}: {} m={m} rows={} cols={} out[{k}] (row {}, col {}): {} vs {}",
-            isa.name(),
-            w.dtype,
-            w.rows,
-            w.cols,
-            k / w.rows,
-            k % w.rows,
-            fast[k],
-            slow[k]
-        );
+    let x8 = interleave::interleaved(w);
+    let mut runs: Vec<(&str, Vec<f32>)> = Vec::new();
+    let mut fast = vec![f32::NAN; m * w.rows];
+    matmul_isa(pool, isa, w, x, m, &mut fast);
+    runs.push(("rows", fast));
+    if let Some(x8) = &x8 {
+        let mut fast = vec![f32::NAN; m * w.rows];
+        matmul_isa(pool, isa, x8, x, m, &mut fast);
+        runs.push(("interleaved", fast));
+        let mut scalar = vec![f32::NAN; m * w.rows];
+        matmul_scalar(x8, x, m, &mut scalar);
+        runs.push(("interleaved, scalar path", scalar));
+    }
+    for (layout, fast) in &runs {
+        for k in 0..m * w.rows {
+            assert_eq!(
+                fast[k].to_bits(),
+                slow[k].to_bits(),
+                "{} {what} ({layout}): {} m={m} rows={} cols={} out[{k}] (row {}, col {}): {} vs {}",
+                isa.name(),
+                w.dtype,
+                w.rows,
+                w.cols,
+                k / w.rows,
+                k % w.rows,
+                fast[k],
+                slow[k]
+            );
+        }
     }
 }
 
@@ -198,12 +217,17 @@ fn a_group_gives_the_bits_of_one_call_per_matrix() {
             for &m in &[1usize, 3, 4, 37, 130] {
                 for pool in &pools {
                     let cols = bs * rng.random_range(1..=if bs == 32 { 20 } else { 3 });
-                    let ws: Vec<QMatrix> = (dtypes.iter())
+                    let mut ws: Vec<QMatrix> = (dtypes.iter())
                         .map(|&d| {
                             let rows = rng.random_range(1..70);
                             weights(&mut rng, d, rows, cols, None)
                         })
                         .collect();
+                    // Q4_0 / Q4_1: the middle matrix as the loader interleaves it, so the
+                    // group mixes layouts.
+                    if let Some(x8) = interleave::interleaved(&ws[1]) {
+                        ws[1] = x8;
+                    }
                     let x: Vec<f32> = (0..m * cols)
                         .map(|_| rng.random_range(-3.0f32..3.0))
                         .collect();

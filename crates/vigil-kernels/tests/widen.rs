@@ -35,6 +35,7 @@ fn a_q5_0_matrix_multiplies_as_its_widened_copy() {
     let bytes = fixture("random_q5_0.in.bin");
     let (rows, cols) = (32, 256);
     let w = QMatrix {
+        layout: vigil_kernels::Layout::Rows,
         dtype: DType::Q5_0,
         rows,
         cols,

@@ -197,6 +197,7 @@ fn quantize_matrix_q8_0(m: &QMatrix) -> QMatrix {
             .copy_from_slice(bytemuck::cast_slice(&blocks));
     }
     QMatrix {
+        layout: vigil_kernels::Layout::Rows,
         dtype: vigil_kernels::DType::Q8_0,
         rows: m.rows,
         cols: m.cols,

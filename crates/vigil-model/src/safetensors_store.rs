@@ -243,6 +243,7 @@ impl HfTensor {
     pub fn to_matrix(&self) -> Result<QMatrix, ModelError> {
         match self.shape.as_slice() {
             &[rows, cols] => Ok(QMatrix {
+                layout: vigil_kernels::Layout::Rows,
                 dtype: self.dtype,
                 rows,
                 cols,

@@ -3,8 +3,18 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use vigil_kernels::cpu;
+use vigil_kernels::quant::interleave::{can_interleave, interleaved, interleaved_bytes};
 use vigil_kernels::storage::resident_copy;
-use vigil_kernels::{QMatrix, WeightData};
+use vigil_kernels::{Layout, QMatrix, WeightData};
+
+/// Where a matrix's bytes in the resident copy come from.
+enum Span<'a> {
+    /// The checkpoint's bytes as they are.
+    Source(&'a [u8]),
+    /// Interleaved bytes made at load (an index into the loader's list of them).
+    Reordered(usize),
+}
 
 /// A gated MLP: `down(act(gate(x)) * up(x))` (SwiGLU or GeGLU, `ModelConfig::activation`).
 #[derive(Debug, Clone)]
@@ -79,41 +89,89 @@ impl ModelWeights {
 
     /// Moves every matrix still viewing the checkpoint's file mapping into one resident buffer
     /// (`storage::resident_copy`), 64-byte aligned each; bytes viewed twice (a tied output)
-    /// are copied once. Matrices converted at load own their bytes already and stay as they
-    /// are, so nothing the model no longer reads is copied.
+    /// are copied once. Matrices converted at load own their bytes already and stay where
+    /// they are, so nothing the model no longer reads is copied.
+    ///
+    /// With SIMD kernels, the Q4_0 / Q4_1 matrices only the matmuls read (every one but the
+    /// embedding, which is also read a row at a time, and a tied output, which is the
+    /// embedding) are stored interleaved 8 rows at a time instead (`quant::interleave`):
+    /// the same bytes in the order the kernels multiply them.
     pub fn make_resident(&mut self) -> std::io::Result<()> {
+        let interleave = cpu::features().best() != cpu::Isa::Scalar;
+        let embd = {
+            let b = self.token_embd.data.bytes();
+            (b.as_ptr() as usize, b.len())
+        };
         let mut mats = self.matrices_mut();
-        // Source (address, length) → offset in the copy.
+        let key = |m: &QMatrix| {
+            let b = m.data.bytes();
+            (b.as_ptr() as usize, b.len())
+        };
+        let interleaves = |m: &QMatrix| interleave && can_interleave(m) && key(m) != embd;
+        // Converted matrices interleave in their own buffers.
+        for m in mats.iter_mut() {
+            if let (WeightData::Owned(_), true) = (&m.data, interleaves(m)) {
+                if let Some(x8) = interleaved(m) {
+                    **m = x8;
+                }
+            }
+        }
+        // Source (address, length) → offset in the copy, and the interleaved bytes to place
+        // there instead of the source's.
         let mut placed: HashMap<(usize, usize), usize> = HashMap::new();
-        let mut parts = Vec::new();
+        let mut reordered: Vec<Vec<u8>> = Vec::new();
+        let mut spans = Vec::new();
         let mut len = 0;
         for m in &mats {
             if let WeightData::Mapped { .. } = m.data {
-                let bytes = m.data.bytes();
-                placed
-                    .entry((bytes.as_ptr() as usize, bytes.len()))
-                    .or_insert_with(|| {
-                        let at = len;
-                        parts.push((at, bytes));
-                        len = (at + bytes.len()).next_multiple_of(64);
-                        at
-                    });
+                if placed.contains_key(&key(m)) {
+                    continue;
+                }
+                let bytes = match interleaves(m).then(|| interleaved_bytes(m)).flatten() {
+                    Some(x8) => {
+                        reordered.push(x8);
+                        Span::Reordered(reordered.len() - 1)
+                    }
+                    None => Span::Source(m.data.bytes()),
+                };
+                placed.insert(key(m), len);
+                let n = match bytes {
+                    Span::Reordered(i) => reordered[i].len(),
+                    Span::Source(b) => b.len(),
+                };
+                spans.push((len, bytes));
+                len = (len + n).next_multiple_of(64);
             }
         }
-        if parts.is_empty() {
+        if spans.is_empty() {
             return Ok(());
         }
+        let parts: Vec<(usize, &[u8])> = (spans.iter())
+            .map(|(at, span)| match span {
+                Span::Reordered(i) => (*at, reordered[*i].as_slice()),
+                Span::Source(b) => (*at, *b),
+            })
+            .collect();
         let map = Arc::new(resident_copy(len, &parts)?);
         drop(parts);
+        drop(spans);
         for m in &mut mats {
             if let WeightData::Mapped { .. } = m.data {
-                let bytes = m.data.bytes();
-                let offset = placed[&(bytes.as_ptr() as usize, bytes.len())];
+                let offset = placed[&key(m)];
+                let x8 = interleaves(m);
+                let len = if x8 {
+                    m.rows.div_ceil(8) * 8 * m.row_bytes()
+                } else {
+                    m.data.bytes().len()
+                };
                 m.data = WeightData::Mapped {
                     map: map.clone(),
                     offset,
-                    len: bytes.len(),
+                    len,
                 };
+                if x8 {
+                    m.layout = Layout::Interleaved8;
+                }
             }
         }
         Ok(())

@@ -17,7 +17,8 @@ use crate::pool::SyncPtr;
 use crate::pool::ThreadPool;
 use crate::quant::blocks::*;
 use crate::quant::dot::{scalar, Acts32};
-use crate::{DType, QMatrix};
+use crate::quant::interleave::{self, Interleave};
+use crate::{DType, Layout, QMatrix};
 use acts::{Quantizer, Scratch};
 use std::cell::RefCell;
 
@@ -178,6 +179,18 @@ fn check_shapes(w: &QMatrix, x: &[f32], m: usize, out: &[f32]) {
         "matmul: weight data shorter than {} rows",
         w.rows
     );
+    if w.layout == Layout::Interleaved8 {
+        assert!(
+            matches!(w.dtype, DType::Q4_0 | DType::Q4_1),
+            "matmul: {} has no interleaved layout",
+            w.dtype
+        );
+        assert!(
+            w.data.bytes().len() >= w.rows.div_ceil(8) * 8 * w.row_bytes(),
+            "matmul: interleaved weight data shorter than {} groups of 8 rows",
+            w.rows.div_ceil(8)
+        );
+    }
 }
 
 fn run_with_scratch(pool: Option<&ThreadPool>, path: Path, parts: &[Part], x: &[f32], m: usize) {
@@ -244,6 +257,18 @@ fn split_rows(
     });
 }
 
+/// The 8-row groups of an interleaved matrix (`quant::interleave`), `X` its group block.
+fn groups_of<X: bytemuck::Pod>(w: &QMatrix) -> &[X] {
+    let nb = w.cols / w.dtype.block_size();
+    let bytes = &w.data.bytes()[..w.rows.div_ceil(8) * nb * std::mem::size_of::<X>()];
+    bytemuck::try_cast_slice(bytes).unwrap_or_else(|e| {
+        panic!(
+            "matmul: interleaved {} weight data misaligned: {e}",
+            w.dtype
+        )
+    })
+}
+
 fn blocks_of<B: bytemuck::Pod>(w: &QMatrix) -> &[B] {
     let bytes = &w.data.bytes()[..w.rows * w.row_bytes()];
     bytemuck::try_cast_slice(bytes).unwrap_or_else(|e| {
@@ -290,16 +315,28 @@ fn run(
         DType::Q5_0 => debug_assert!(false, "Q5_0 reaches `run` only widened"),
         DType::Q4_0 => {
             let acts = scratch.q8_0(pool, how, x, shape, side);
-            split_rows(pool, parts, align32, |p, r0, r1| {
-                let wb = blocks_of::<BlockQ4_0>(p.w);
-                rows_32::<Q4_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
+            split_rows(pool, parts, align32, |p, r0, r1| match p.w.layout {
+                Layout::Rows => {
+                    let wb = blocks_of::<BlockQ4_0>(p.w);
+                    rows_32::<Q4_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
+                }
+                Layout::Interleaved8 => {
+                    let wb = groups_of::<BlockQ4_0x8>(p.w);
+                    rows_x8::<Q4_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
+                }
             });
         }
         DType::Q4_1 => {
             let acts = scratch.q8_1(pool, how, x, shape, side);
-            split_rows(pool, parts, align32, |p, r0, r1| {
-                let wb = blocks_of::<BlockQ4_1>(p.w);
-                rows_32::<Q4_1Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
+            split_rows(pool, parts, align32, |p, r0, r1| match p.w.layout {
+                Layout::Rows => {
+                    let wb = blocks_of::<BlockQ4_1>(p.w);
+                    rows_32::<Q4_1Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
+                }
+                Layout::Interleaved8 => {
+                    let wb = groups_of::<BlockQ4_1x8>(p.w);
+                    rows_x8::<Q4_1Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
+                }
             });
         }
         DType::Q8_0 => {
@@ -465,6 +502,97 @@ fn rows_32<F: Fmt32Path>(
         // SAFETY: a SIMD path is chosen only when the CPU has its features; shapes were
         // checked in `matmul_on`; this thread owns columns r0..r1.
         isa => unsafe { F::simd_rows(isa, w, rows, acts, r0, r1, out.0) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no SIMD kernels on this architecture"),
+    }
+}
+
+/// A 4-bit format's interleaved form (`quant::interleave`) and its kernels.
+trait Fmt32x8: Fmt32Path<W: Interleave> {
+    /// # Safety
+    /// The CPU has `isa` (not `Scalar`); `r0` a multiple of 8; otherwise as
+    /// `avx2_q4_decode::matmul_rows_x8`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn simd_rows_x8(
+        isa: Isa,
+        w: &[<Self::W as Interleave>::X8],
+        rows: usize,
+        acts: &Acts32<Self::A>,
+        r0: usize,
+        r1: usize,
+        out: *mut f32,
+    );
+}
+
+/// `$fmt` as in `fmt32!`. Decode (below `GEMM_MIN_ROWS`) reads the groups in place
+/// (`avx2_q4_decode::tile_x8`); prefill runs the level's GEMM with packing from them (`X8`).
+macro_rules! fmt32x8 {
+    ($name:ident, $fmt:ty) => {
+        impl Fmt32x8 for $name {
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn simd_rows_x8(
+                isa: Isa,
+                w: &[<Self::W as Interleave>::X8],
+                rows: usize,
+                acts: &Acts32<Self::A>,
+                r0: usize,
+                r1: usize,
+                out: *mut f32,
+            ) {
+                use crate::quant::dot::avx2_gemm::{self, X8};
+                use crate::quant::dot::{avx2_q4_decode, avx512_gemm, vnni, vnni_gemm};
+                if acts.m < GEMM_MIN_ROWS {
+                    return match isa {
+                        Isa::Avx512 => vnni::rows_x8_avx512vl::<$fmt>(w, rows, acts, r0, r1, out),
+                        Isa::AvxVnni => vnni::rows_x8_avx_vnni::<$fmt>(w, rows, acts, r0, r1, out),
+                        _ => avx2_q4_decode::matmul_rows_x8::<$fmt>(w, rows, acts, r0, r1, out),
+                    };
+                }
+                match isa {
+                    Isa::Avx512 => avx512_gemm::matmul_rows::<X8<$fmt>>(w, rows, acts, r0, r1, out),
+                    Isa::AvxVnni => {
+                        vnni_gemm::matmul_rows_avx_vnni::<X8<$fmt>>(w, rows, acts, r0, r1, out)
+                    }
+                    _ => avx2_gemm::matmul_rows::<X8<$fmt>>(w, rows, acts, r0, r1, out),
+                }
+            }
+        }
+    };
+}
+
+fmt32x8!(Q4_0Fmt, crate::quant::dot::avx2::Q4_0);
+fmt32x8!(Q4_1Fmt, crate::quant::dot::avx2::Q4_1);
+
+/// `rows_32` for an interleaved matrix: `w` its groups (`r0` a multiple of 8). The scalar
+/// path takes each group back to rows and runs the row-major dot.
+fn rows_x8<F: Fmt32x8>(
+    path: Path,
+    w: &[<F::W as Interleave>::X8],
+    rows: usize,
+    acts: &Acts32<F::A>,
+    r0: usize,
+    r1: usize,
+    out: SyncPtr<f32>,
+) {
+    let nb = acts.nb;
+    match path {
+        Path::Scalar => {
+            for j0 in (r0..r1).step_by(8) {
+                let group = interleave::group_rows::<F::W>(w, nb, j0 / 8);
+                for i in 0..acts.m {
+                    let a = &acts.blocks[i * nb..(i + 1) * nb];
+                    for j in j0..(j0 + 8).min(r1) {
+                        let k = j - j0;
+                        let v = F::scalar_dot(&group[k * nb..(k + 1) * nb], a);
+                        // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
+                        unsafe { *out.0.add(i * rows + j) = v };
+                    }
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `rows_32`; `split_rows` gives 8-aligned ranges.
+        isa => unsafe { F::simd_rows_x8(isa, w, rows, acts, r0, r1, out.0) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("no SIMD kernels on this architecture"),
     }

@@ -30,6 +30,28 @@ pub struct BlockQ4_1 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
 
+/// Block `b` of 8 consecutive Q4_0 rows, interleaved at load (`quant::interleave`): the 8
+/// rows' scales side by side, then their nibbles 4 bytes per row: `qs[h][4k..4k + 4]` is
+/// bytes `4h..4h + 4` of row `k`'s `qs`. One 256-bit load is then one dword of every row,
+/// the form the 8-row kernels multiply (`avx2_gemm`), and the scales are one load.
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ4_0x8 {
+    pub d: [f16; 8],
+    pub qs: [[u8; 32]; 4],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4_0x8>() == 8 * 18);
+
+/// `BlockQ4_0x8` for Q4_1: the scales, then the mins, then the interleaved nibbles.
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ4_1x8 {
+    pub d: [f16; 8],
+    pub m: [f16; 8],
+    pub qs: [[u8; 32]; 4],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4_1x8>() == 8 * 20);
+
 /// 32 values: `x = d * (q - 16)`, `q` 5-bit: the low nibbles in `qs` (values `j` and
 /// `j + 16` share byte `j`, as Q4_0), the fifth bits in `qh` (bit `j` for value `j`).
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]

@@ -282,7 +282,13 @@ pub fn dequantize_to_vec(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>, Dequant
 pub fn dequantize_row(m: &QMatrix, row: usize, out: &mut [f32]) {
     assert!(row < m.rows, "row {row} out of range ({} rows)", m.rows);
     assert_eq!(out.len(), m.cols, "output length must equal the row length");
-    if let Err(e) = dequantize(m.dtype, m.row(row), out) {
+    let result = match m.layout {
+        crate::Layout::Rows => dequantize(m.dtype, m.row(row), out),
+        crate::Layout::Interleaved8 => {
+            dequantize(m.dtype, &super::interleave::row_bytes(m, row), out)
+        }
+    };
+    if let Err(e) = result {
         panic!("dequantize_row: {e}");
     }
 }

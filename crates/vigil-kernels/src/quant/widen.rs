@@ -28,6 +28,7 @@ pub fn widened(m: &QMatrix) -> Option<QMatrix> {
             let blocks: &[BlockQ5_0] = bytemuck::cast_slice(m.data.bytes());
             let wide = q5_0_to_q8_0(blocks);
             Some(QMatrix {
+                layout: crate::Layout::Rows,
                 dtype: DType::Q8_0,
                 rows: m.rows,
                 cols: m.cols,

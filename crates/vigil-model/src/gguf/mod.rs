@@ -156,6 +156,7 @@ impl GgufFile {
             ));
         }
         Ok(QMatrix {
+            layout: vigil_kernels::Layout::Rows,
             dtype: info.dtype,
             rows,
             cols,
@@ -172,6 +173,7 @@ impl GgufFile {
         let bytes = info.dtype.bytes_for(rows * cols).unwrap_or(0);
         Ok((0..n)
             .map(|e| QMatrix {
+                layout: vigil_kernels::Layout::Rows,
                 dtype: info.dtype,
                 rows,
                 cols,

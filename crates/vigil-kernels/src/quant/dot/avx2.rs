@@ -98,6 +98,20 @@ pub trait IntDot {
     unsafe fn dot4_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         _mm256_add_epi32(acc, Self::dot4(u, s))
     }
+    /// `Σ_k dot4(u[k], s[k])` per i32 lane. AVX2 sums the 8 `maddubs` results in i16 and
+    /// widens once, so callers keep each i16 lane's sum over all 8 pairs within i16 (4-bit
+    /// weights: 8 · 2 · 15 · 127 = 30,480).
+    ///
+    /// # Safety
+    /// As `dot4`.
+    #[inline(always)]
+    unsafe fn dot4_sum8(u: &[__m256i; 8], s: &[__m256i; 8]) -> __m256i {
+        let mut t = _mm256_maddubs_epi16(u[0], s[0]);
+        for k in 1..8 {
+            t = _mm256_add_epi16(t, _mm256_maddubs_epi16(u[k], s[k]));
+        }
+        _mm256_madd_epi16(t, _mm256_set1_epi16(1))
+    }
 }
 
 /// `maddubs` + `madd`, `madd` + `add`.

@@ -23,8 +23,10 @@
 
 use super::gemm_driver::{drive, with_buffer, Repacked};
 use super::Acts32;
-use crate::quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
+use crate::quant::blocks::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ8_0, BlockQ8_1};
+use half::f16;
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 /// Activation rows per register tile.
 const MR: usize = 4;
@@ -38,23 +40,89 @@ pub struct Packed {
     pub(super) qs: [[u8; 32]; 4],
 }
 
-impl<F: Nibble32> Repacked for F {
-    type W = F::W;
-    type A = F::A;
+impl<G: Group8> Repacked for G {
+    type W = G::W;
+    type A = <G::F as Nibble32>::A;
     type Packed = Packed;
     type Lanes = __m256;
     const NR: usize = 8;
     #[inline]
-    unsafe fn pack(w: &[F::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
-        pack::<F>(w, nb, j0, r1, out)
+    unsafe fn pack(w: &[G::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
+        pack::<G>(w, nb, j0, r1, out)
     }
     #[inline]
-    unsafe fn tile<const R: usize>(pk: &[Packed], acts: &Acts32<F::A>, i0: usize) -> [__m256; R] {
-        tile::<F, R>(pk, acts, i0)
+    unsafe fn tile<const R: usize>(
+        pk: &[Packed],
+        acts: &Acts32<Self::A>,
+        i0: usize,
+    ) -> [__m256; R] {
+        tile::<G::F, R>(pk, acts, i0)
     }
     #[inline]
     unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
         store8(dst, v, n)
+    }
+}
+
+/// Where a kernel's groups of 8 weight rows come from: a row-major matrix of format `F`
+/// (the marker types `avx2::Q4_0`, `avx2::Q4_1` themselves: each block of the 8 rows is
+/// transposed at packing, `pack_block`) or the same format interleaved at load (`X8<F>`:
+/// each block is already in `Packed`'s order, and packing is loads).
+pub trait Group8 {
+    type F: Nibble32;
+    /// What the matrix holds.
+    type W: bytemuck::Pod;
+    /// One group's blocks.
+    type Src<'a>: Copy;
+    /// Weight rows `j0..j0 + 8` (rows `>= r1` repeat row `r1 - 1` or are padding; their
+    /// outputs are dropped); `j0` is a multiple of 8 for `X8`.
+    fn group(w: &[Self::W], nb: usize, j0: usize, r1: usize) -> Self::Src<'_>;
+    /// Block `b` of the group: the 4 interleaved quant vectors, the scales and the mins (as
+    /// f32; f16 → f32 is exact, so converting here changes no result).
+    ///
+    /// # Safety
+    /// AVX2+F16C (inlined into the kernel's ISA); `b` < the group's blocks.
+    unsafe fn block(src: Self::Src<'_>, b: usize) -> ([__m256i; 4], __m256, __m256);
+}
+
+impl<F: Nibble32> Group8 for F {
+    type F = F;
+    type W = F::W;
+    type Src<'a> = [&'a [F::W]; 8];
+    #[inline(always)]
+    fn group(w: &[F::W], nb: usize, j0: usize, r1: usize) -> [&[F::W]; 8] {
+        group_rows(w, nb, j0, r1)
+    }
+    #[inline(always)]
+    unsafe fn block(src: [&[F::W]; 8], b: usize) -> ([__m256i; 4], __m256, __m256) {
+        pack_block::<F>(&src, b)
+    }
+}
+
+/// Format `F` in its load-time interleaved layout (`storage::Layout::Interleaved8`).
+pub struct X8<F>(PhantomData<F>);
+
+impl<F: Nibble32> Group8 for X8<F> {
+    type F = F;
+    type W = F::X8;
+    type Src<'a> = &'a [F::X8];
+    #[inline(always)]
+    fn group(w: &[F::X8], nb: usize, j0: usize, r1: usize) -> &[F::X8] {
+        let g = j0.min(r1 - 1) / 8;
+        &w[g * nb..(g + 1) * nb]
+    }
+    #[inline(always)]
+    unsafe fn block(src: &[F::X8], b: usize) -> ([__m256i; 4], __m256, __m256) {
+        let x = src.get_unchecked(b);
+        let qs = F::x8_qs(x);
+        let v = std::array::from_fn(|h| _mm256_loadu_si256(qs[h].as_ptr().cast()));
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(F::x8_d(x).as_ptr().cast()));
+        let m = if F::HAS_MIN {
+            _mm256_cvtph_ps(_mm_loadu_si128(F::x8_m(x).as_ptr().cast()))
+        } else {
+            _mm256_setzero_ps()
+        };
+        (v, d, m)
     }
 }
 
@@ -72,6 +140,14 @@ pub trait Nibble32 {
     fn d_m(w: &Self::W) -> (u16, u16);
     /// The activation block's 32 quants.
     fn act_qs(a: &Self::A) -> &[i8; 32];
+    /// The interleaved block of 8 rows (`BlockQ4_0x8`, `BlockQ4_1x8`).
+    type X8: bytemuck::Pod;
+    /// Its quants: `[h][4k..4k + 4]` = bytes `4h..4h + 4` of row `k`.
+    fn x8_qs(x: &Self::X8) -> &[[u8; 32]; 4];
+    /// Its 8 scales.
+    fn x8_d(x: &Self::X8) -> &[f16; 8];
+    /// Its 8 mins (Q4_1; Q4_0 has none and gives its scales).
+    fn x8_m(x: &Self::X8) -> &[f16; 8];
 }
 
 impl Nibble32 for super::avx2::Q4_0 {
@@ -88,6 +164,16 @@ impl Nibble32 for super::avx2::Q4_0 {
     fn act_qs(a: &BlockQ8_0) -> &[i8; 32] {
         &a.qs
     }
+    type X8 = BlockQ4_0x8;
+    fn x8_qs(x: &BlockQ4_0x8) -> &[[u8; 32]; 4] {
+        &x.qs
+    }
+    fn x8_d(x: &BlockQ4_0x8) -> &[f16; 8] {
+        &x.d
+    }
+    fn x8_m(x: &BlockQ4_0x8) -> &[f16; 8] {
+        &x.d
+    }
 }
 
 impl Nibble32 for super::avx2::Q4_1 {
@@ -103,6 +189,16 @@ impl Nibble32 for super::avx2::Q4_1 {
     }
     fn act_qs(a: &BlockQ8_1) -> &[i8; 32] {
         &a.qs
+    }
+    type X8 = BlockQ4_1x8;
+    fn x8_qs(x: &BlockQ4_1x8) -> &[[u8; 32]; 4] {
+        &x.qs
+    }
+    fn x8_d(x: &BlockQ4_1x8) -> &[f16; 8] {
+        &x.d
+    }
+    fn x8_m(x: &BlockQ4_1x8) -> &[f16; 8] {
+        &x.m
     }
 }
 
@@ -152,22 +248,22 @@ pub(super) unsafe fn pack_block<F: Nibble32>(
     )
 }
 
-/// Repack weight rows `j0..j0 + 8` (rows `>= r1` repeat row `r1 - 1`; their outputs are
-/// dropped) into `out[..nb]`.
+/// Repack weight rows `j0..j0 + 8` (rows `>= r1` repeat row `r1 - 1` or are padding; their
+/// outputs are dropped) into `out[..nb]`.
 ///
 /// # Safety
-/// AVX2+F16C; `w` holds at least `r1 * nb` blocks; `j0 < r1`.
+/// AVX2+F16C; `w` holds the matrix's blocks of rows `< r1`; `j0 < r1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pack<F: Nibble32>(
-    w: &[F::W],
+pub(super) unsafe fn pack<G: Group8>(
+    w: &[G::W],
     nb: usize,
     j0: usize,
     r1: usize,
     out: &mut [Packed],
 ) {
-    let rows = group_rows(w, nb, j0, r1);
+    let src = G::group(w, nb, j0, r1);
     for (b, p) in out[..nb].iter_mut().enumerate() {
-        let (v, d, m) = pack_block::<F>(&rows, b);
+        let (v, d, m) = G::block(src, b);
         for h in 0..4 {
             _mm256_store_si256(p.qs[h].as_mut_ptr().cast(), v[h]);
         }

@@ -8,8 +8,15 @@
 //! 16 quants broadcast to both halves, the high nibbles its last 16, so each row leaves 4 i32
 //! lanes and 3 `hadd`s reduce all 8 rows. The integer block sums are exact, and the float
 //! steps are `avx2::fold_block`'s, so every lane gets `avx2::tile`'s bits.
+//!
+//! Matrices interleaved at load (`storage::Layout::Interleaved8`) take `tile_x8` instead: a
+//! block of 8 rows is one run of bytes holding one dword of every row per 256-bit vector and
+//! the 8 scales side by side, so a block is 4 loads, 8 multiplies summed without any
+//! horizontal step (`IntDot::dot4_sum8`) and one scale load: about half the instructions of
+//! `tile`, whose shuffles and per-row scale gathers bound it below the DRAM rate.
 
-use super::avx2::{fold_block, prefetch_sweep, Fmt32, IntDot};
+use super::avx2::{fold_block, prefetch_sweep, Avx2, Fmt32, IntDot};
+use super::avx2_gemm::{store8, Nibble32};
 use super::Acts32;
 use std::arch::x86_64::*;
 
@@ -56,4 +63,107 @@ pub unsafe fn tile<D: IntDot, F: Fmt32>(
     let mut r = [0f32; 8];
     _mm256_storeu_ps(r.as_mut_ptr(), acc);
     r
+}
+
+/// The 8 rows of one interleaved group (`g`: its `nb` blocks) against activation row `i`
+/// (`a`); lane `k` is row `k`. Per block, lane `k` gets row `k`'s exact integer dot
+/// (`Σ_h` of the low nibbles of dword `h` times the activation's bytes `4h..4h + 4`, and of
+/// the high nibbles times bytes `16 + 4h..`), then `super::acc_q8` / `super::acc_q4_1` in
+/// block order: the scalar path's bits. `prefetch`: bytes from `g` to the next group's
+/// blocks, swept by `prefetch_sweep` (0: none).
+///
+/// # Safety
+/// AVX2+F16C and `D`'s features (inlined into an entry point enabling them); `g` addresses
+/// `nb` blocks; the activation side arrays cover row `i`.
+#[inline(always)]
+pub unsafe fn tile_x8<D: IntDot, F: Nibble32>(
+    g: *const F::X8,
+    acts: &Acts32<F::A>,
+    i: usize,
+    prefetch: isize,
+) -> __m256 {
+    let (m, nb) = (acts.m, acts.nb);
+    let low = _mm256_set1_epi8(0x0F);
+    let a = acts.blocks.as_ptr().add(i * nb);
+    let ahead = g.cast::<i8>().wrapping_offset(prefetch);
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..nb {
+        if prefetch != 0 {
+            prefetch_sweep(ahead, b, std::mem::size_of::<F::X8>());
+        }
+        let x = &*g.add(b);
+        let y = F::act_qs(&*a.add(b)).as_ptr();
+        let qs = F::x8_qs(x);
+        let mut u = [_mm256_setzero_si256(); 8];
+        let mut s = [_mm256_setzero_si256(); 8];
+        for h in 0..4 {
+            let raw = _mm256_loadu_si256(qs[h].as_ptr().cast());
+            u[2 * h] = _mm256_and_si256(raw, low);
+            u[2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
+            s[2 * h] = _mm256_set1_epi32(y.add(4 * h).cast::<i32>().read_unaligned());
+            s[2 * h + 1] = _mm256_set1_epi32(y.add(16 + 4 * h).cast::<i32>().read_unaligned());
+        }
+        let mut sumi = D::dot4_sum8(&u, &s);
+        let side = b * m + i;
+        if F::OFFSET8 {
+            let ysum = _mm256_set1_epi32(*acts.ysum.get_unchecked(side));
+            sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<3>(ysum));
+        }
+        let dx = _mm256_cvtph_ps(_mm_loadu_si128(F::x8_d(x).as_ptr().cast()));
+        let dy = _mm256_set1_ps(*acts.d.get_unchecked(side));
+        let mut t = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dx, dy));
+        if F::HAS_MIN {
+            let mx = _mm256_cvtph_ps(_mm_loadu_si128(F::x8_m(x).as_ptr().cast()));
+            let sy = _mm256_set1_ps(*acts.s.get_unchecked(side));
+            t = _mm256_add_ps(t, _mm256_mul_ps(mx, sy));
+        }
+        acc = _mm256_add_ps(acc, t);
+    }
+    acc
+}
+
+/// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1` of an
+/// interleaved matrix (`w`: its groups of `nb` blocks), one group at a time; the group's
+/// blocks stay in L1 for the activation rows after the first.
+///
+/// # Safety
+/// AVX2+FMA+F16C available; `r0` is a multiple of 8 and `w` holds the groups of rows
+/// `< r1`; `out` addresses `m * rows` floats and no other thread writes columns `r0..r1`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn matmul_rows_x8<F: Nibble32>(
+    w: &[F::X8],
+    rows: usize,
+    acts: &Acts32<F::A>,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    rows_x8_with::<Avx2, F>(w, rows, acts, r0, r1, out)
+}
+
+/// `matmul_rows_x8` with `D`'s integer dot: the body every entry point (here and in `vnni`)
+/// compiles for its ISA.
+///
+/// # Safety
+/// As `matmul_rows_x8`, plus `D`'s features.
+#[inline(always)]
+pub unsafe fn rows_x8_with<D: IntDot, F: Nibble32>(
+    w: &[F::X8],
+    rows: usize,
+    acts: &Acts32<F::A>,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    debug_assert!(r0.is_multiple_of(8));
+    let nb = acts.nb;
+    // Decode streams the weights once: sweep the next group while computing this one.
+    let next = (nb * std::mem::size_of::<F::X8>()) as isize;
+    for j0 in (r0..r1).step_by(8) {
+        let g = w.as_ptr().add(j0 / 8 * nb);
+        for i in 0..acts.m {
+            let acc = tile_x8::<D, F>(g, acts, i, if i == 0 { next } else { 0 });
+            store8(out.add(i * rows + j0), acc, (r1 - j0).min(8));
+        }
+    }
 }

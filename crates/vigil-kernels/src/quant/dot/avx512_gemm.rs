@@ -23,7 +23,7 @@
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_gemm::{group_rows, pack_block, Nibble32};
+use super::avx2_gemm::{group_rows, Group8, Nibble32};
 use super::avx2_gemm_q8::pack_block as pack_block_q8;
 use super::gemm_driver::{drive, with_buffer, Repacked};
 use super::Acts32;
@@ -56,19 +56,23 @@ pub struct Packed16Q8 {
 /// The 16-row kernel for weight format `F` (`avx2::Q4_0`, `Q4_1` or `Q8_0`).
 pub struct Zmm<F>(PhantomData<F>);
 
-impl<F: Nibble32> Repacked for Zmm<F> {
-    type W = F::W;
-    type A = F::A;
+impl<G: Group8> Repacked for Zmm<G> {
+    type W = G::W;
+    type A = <G::F as Nibble32>::A;
     type Packed = Packed16;
     type Lanes = __m512;
     const NR: usize = 16;
     #[inline]
-    unsafe fn pack(w: &[F::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed16]) {
-        pack_q4::<F>(w, nb, j0, r1, out)
+    unsafe fn pack(w: &[G::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed16]) {
+        pack_q4::<G>(w, nb, j0, r1, out)
     }
     #[inline]
-    unsafe fn tile<const R: usize>(pk: &[Packed16], acts: &Acts32<F::A>, i0: usize) -> [__m512; R] {
-        tile_q4::<F, R>(pk, acts, i0)
+    unsafe fn tile<const R: usize>(
+        pk: &[Packed16],
+        acts: &Acts32<Self::A>,
+        i0: usize,
+    ) -> [__m512; R] {
+        tile_q4::<G::F, R>(pk, acts, i0)
     }
     #[inline]
     unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
@@ -108,12 +112,12 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
 
 /// Repack weight rows `j0..j0 + 16` (rows `>= r1` repeat row `r1 - 1`) into `out[..nb]`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pack_q4<F: Nibble32>(w: &[F::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed16]) {
-    let (ra, rb) = (group_rows(w, nb, j0, r1), group_rows(w, nb, j0 + 8, r1));
+unsafe fn pack_q4<G: Group8>(w: &[G::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed16]) {
+    let (ra, rb) = (G::group(w, nb, j0, r1), G::group(w, nb, j0 + 8, r1));
     let mask = _mm512_set1_epi8(0x0F);
     for (b, p) in out[..nb].iter_mut().enumerate() {
-        let (va, da, ma) = pack_block::<F>(&ra, b);
-        let (vb, db, mb) = pack_block::<F>(&rb, b);
+        let (va, da, ma) = G::block(ra, b);
+        let (vb, db, mb) = G::block(rb, b);
         for h in 0..4 {
             let raw = join(va[h], vb[h]);
             let lo = _mm512_and_si512(raw, mask);

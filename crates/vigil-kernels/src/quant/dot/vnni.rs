@@ -12,7 +12,9 @@
 //! generic kernels, so each is compiled with its encoding's instructions inline.
 
 use super::avx2::{self, Fmt32, IntDot};
+use super::avx2_gemm::Nibble32;
 use super::avx2_k::{self, FmtK};
+use super::avx2_q4_decode;
 use super::Acts32;
 use crate::quant::blocks::BlockQ8K;
 use std::arch::x86_64::*;
@@ -71,6 +73,18 @@ impl<V: Vnni256> IntDot for V {
     unsafe fn dot4_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         V::dpbusd(acc, u, s)
     }
+    /// Two chains, so that decode's one activation row is not bound by the latency.
+    #[inline(always)]
+    unsafe fn dot4_sum8(u: &[__m256i; 8], s: &[__m256i; 8]) -> __m256i {
+        let mut c = [
+            V::dpbusd(_mm256_setzero_si256(), u[0], s[0]),
+            V::dpbusd(_mm256_setzero_si256(), u[1], s[1]),
+        ];
+        for k in 2..8 {
+            c[k % 2] = V::dpbusd(c[k % 2], u[k], s[k]);
+        }
+        _mm256_add_epi32(c[0], c[1])
+    }
 }
 
 /// `avx2::matmul_rows` (32-value formats, row tiles) with AVX-VNNI.
@@ -103,6 +117,40 @@ pub unsafe fn rows32_avx512vl<F: Fmt32>(
     out: *mut f32,
 ) {
     avx2::rows_with::<Avx512Vl, F>(w, rows, acts, r0, r1, out)
+}
+
+/// `avx2_q4_decode::matmul_rows_x8` (interleaved Q4_0 / Q4_1, decode) with AVX-VNNI.
+///
+/// # Safety
+/// AVX2+FMA+F16C+AVX-VNNI available; otherwise as `avx2_q4_decode::matmul_rows_x8`.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn rows_x8_avx_vnni<F: Nibble32>(
+    w: &[F::X8],
+    rows: usize,
+    acts: &Acts32<F::A>,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    avx2_q4_decode::rows_x8_with::<AvxVnni, F>(w, rows, acts, r0, r1, out)
+}
+
+/// `avx2_q4_decode::matmul_rows_x8` (interleaved Q4_0 / Q4_1, decode) with AVX512-VNNI on
+/// 256 bits.
+///
+/// # Safety
+/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI available; otherwise as
+/// `avx2_q4_decode::matmul_rows_x8`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn rows_x8_avx512vl<F: Nibble32>(
+    w: &[F::X8],
+    rows: usize,
+    acts: &Acts32<F::A>,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    avx2_q4_decode::rows_x8_with::<Avx512Vl, F>(w, rows, acts, r0, r1, out)
 }
 
 /// `avx2_k::matmul_rows` (k-quants) with AVX-VNNI.

@@ -23,7 +23,7 @@
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_gemm::{self, fold, store8, Nibble32, Packed};
+use super::avx2_gemm::{self, fold, store8, Group8, Nibble32, Packed};
 use super::avx2_gemm_q8::{self, Packed as PackedQ8};
 use super::gemm_driver::{drive, with_buffer, Repacked};
 use super::vnni::{AvxVnni, Vnni256};
@@ -39,19 +39,23 @@ const MR: usize = 4;
 /// The VNNI kernel for weight format `F` (`avx2::Q4_0`, `Q4_1` or `Q8_0`) in encoding `D`.
 pub struct Vnni<D, F>(PhantomData<(D, F)>);
 
-impl<D: Vnni256, F: Nibble32> Repacked for Vnni<D, F> {
-    type W = F::W;
-    type A = F::A;
+impl<D: Vnni256, G: Group8> Repacked for Vnni<D, G> {
+    type W = G::W;
+    type A = <G::F as Nibble32>::A;
     type Packed = Packed;
     type Lanes = __m256;
     const NR: usize = 8;
     #[inline(always)]
-    unsafe fn pack(w: &[F::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
-        avx2_gemm::pack::<F>(w, nb, j0, r1, out)
+    unsafe fn pack(w: &[G::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
+        avx2_gemm::pack::<G>(w, nb, j0, r1, out)
     }
     #[inline(always)]
-    unsafe fn tile<const R: usize>(pk: &[Packed], acts: &Acts32<F::A>, i0: usize) -> [__m256; R] {
-        tile_q4::<D, F, R>(pk, acts, i0)
+    unsafe fn tile<const R: usize>(
+        pk: &[Packed],
+        acts: &Acts32<Self::A>,
+        i0: usize,
+    ) -> [__m256; R] {
+        tile_q4::<D, G::F, R>(pk, acts, i0)
     }
     #[inline(always)]
     unsafe fn store(dst: *mut f32, v: __m256, n: usize) {

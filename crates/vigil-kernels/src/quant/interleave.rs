@@ -1,0 +1,160 @@
+//! The load-time layout of Q4_0 / Q4_1 matrices for the kernels (`Layout::Interleaved8`):
+//! groups of 8 rows, block by block, each block holding the 8 rows' scales (and mins) side by
+//! side and their nibbles one dword of each row at a time (`BlockQ4_0x8`, `BlockQ4_1x8`).
+//!
+//! It is the order the 8-row kernels multiply in (`avx2_gemm::Packed`), so decode reads each
+//! block with plain loads instead of gathering 8 rows' scales and shuffling their nibbles
+//! (`avx2_q4_decode::tile_x8`), and prefill packing is a copy. Same bytes as the rows (the last
+//! group padded with zero rows), same values, same results bit for bit: only the order moves.
+
+use super::blocks::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8};
+use crate::storage::{AlignedBytes, Layout, WeightData};
+use crate::{DType, QMatrix};
+use bytemuck::Pod;
+use half::f16;
+use std::sync::Arc;
+
+/// A 4-bit 32-value block format that has an interleaved form.
+pub trait Interleave: Pod {
+    /// Its block of 8 rows.
+    type X8: Pod;
+    /// Block `b` of 8 rows (`None`: a padding row of zeros).
+    fn interleave(rows: [Option<&Self>; 8]) -> Self::X8;
+    /// Row `k`'s block out of an interleaved one.
+    fn row_of(x: &Self::X8, k: usize) -> Self;
+}
+
+/// `qs[h][4k..4k + 4]` = bytes `4h..4h + 4` of row `k`.
+fn interleave_qs(rows: [Option<&[u8; 16]>; 8]) -> [[u8; 32]; 4] {
+    let mut qs = [[0u8; 32]; 4];
+    for (k, row) in rows.iter().enumerate() {
+        if let Some(q) = row {
+            for h in 0..4 {
+                qs[h][4 * k..4 * k + 4].copy_from_slice(&q[4 * h..4 * h + 4]);
+            }
+        }
+    }
+    qs
+}
+
+fn row_qs(qs: &[[u8; 32]; 4], k: usize) -> [u8; 16] {
+    let mut q = [0u8; 16];
+    for h in 0..4 {
+        q[4 * h..4 * h + 4].copy_from_slice(&qs[h][4 * k..4 * k + 4]);
+    }
+    q
+}
+
+impl Interleave for BlockQ4_0 {
+    type X8 = BlockQ4_0x8;
+    fn interleave(rows: [Option<&Self>; 8]) -> BlockQ4_0x8 {
+        BlockQ4_0x8 {
+            d: rows.map(|r| r.map_or(f16::ZERO, |r| r.d)),
+            qs: interleave_qs(rows.map(|r| r.map(|r| &r.qs))),
+        }
+    }
+    fn row_of(x: &BlockQ4_0x8, k: usize) -> Self {
+        BlockQ4_0 {
+            d: x.d[k],
+            qs: row_qs(&x.qs, k),
+        }
+    }
+}
+
+impl Interleave for BlockQ4_1 {
+    type X8 = BlockQ4_1x8;
+    fn interleave(rows: [Option<&Self>; 8]) -> BlockQ4_1x8 {
+        BlockQ4_1x8 {
+            d: rows.map(|r| r.map_or(f16::ZERO, |r| r.d)),
+            m: rows.map(|r| r.map_or(f16::ZERO, |r| r.m)),
+            qs: interleave_qs(rows.map(|r| r.map(|r| &r.qs))),
+        }
+    }
+    fn row_of(x: &BlockQ4_1x8, k: usize) -> Self {
+        BlockQ4_1 {
+            d: x.d[k],
+            m: x.m[k],
+            qs: row_qs(&x.qs, k),
+        }
+    }
+}
+
+/// `rows` rows of `nb` blocks, interleaved: group `g`'s block `b` at `g * nb + b`.
+pub fn interleave_blocks<B: Interleave>(w: &[B], rows: usize, nb: usize) -> Vec<B::X8> {
+    let mut out = Vec::with_capacity(rows.div_ceil(8) * nb);
+    for j0 in (0..rows).step_by(8) {
+        for b in 0..nb {
+            out.push(B::interleave(std::array::from_fn(|k| {
+                (j0 + k < rows).then(|| &w[(j0 + k) * nb + b])
+            })));
+        }
+    }
+    out
+}
+
+/// Group `g`'s 8 rows (`nb` blocks each, row after row) out of an interleaved matrix.
+pub fn group_rows<B: Interleave>(x8: &[B::X8], nb: usize, g: usize) -> Vec<B> {
+    let group = &x8[g * nb..(g + 1) * nb];
+    (0..8)
+        .flat_map(|k| group.iter().map(move |x| B::row_of(x, k)))
+        .collect()
+}
+
+/// Whether `m` has an interleaved form: Q4_0 and Q4_1 stored as rows.
+pub fn can_interleave(m: &QMatrix) -> bool {
+    matches!(m.dtype, DType::Q4_0 | DType::Q4_1) && m.layout == Layout::Rows
+}
+
+/// The interleaved bytes of `m` (`can_interleave`), or `None`.
+pub fn interleaved_bytes(m: &QMatrix) -> Option<Vec<u8>> {
+    if !can_interleave(m) {
+        return None;
+    }
+    let nb = m.cols / m.dtype.block_size();
+    let bytes = &m.data.bytes()[..m.rows * m.row_bytes()];
+    fn go<B: Interleave>(bytes: &[u8], rows: usize, nb: usize) -> Vec<u8> {
+        // The bytes may be unaligned for `B` (a view into a file): copy them out.
+        let w: Vec<B> = bytemuck::pod_collect_to_vec(bytes);
+        bytemuck::cast_slice(&interleave_blocks(&w, rows, nb)).to_vec()
+    }
+    Some(match m.dtype {
+        DType::Q4_0 => go::<BlockQ4_0>(bytes, m.rows, nb),
+        _ => go::<BlockQ4_1>(bytes, m.rows, nb),
+    })
+}
+
+/// `m` interleaved into an owned buffer (`can_interleave`), or `None`.
+pub fn interleaved(m: &QMatrix) -> Option<QMatrix> {
+    let bytes = interleaved_bytes(m)?;
+    Some(QMatrix {
+        dtype: m.dtype,
+        rows: m.rows,
+        cols: m.cols,
+        data: WeightData::Owned(Arc::new(AlignedBytes::from_bytes(&bytes))),
+        layout: Layout::Interleaved8,
+    })
+}
+
+/// Row `r` of `m` as row-major bytes, in either layout.
+pub fn row_bytes(m: &QMatrix, r: usize) -> Vec<u8> {
+    match m.layout {
+        Layout::Rows => m.row(r).to_vec(),
+        Layout::Interleaved8 => {
+            let nb = m.cols / m.dtype.block_size();
+            fn go<B: Interleave>(bytes: &[u8], nb: usize, r: usize) -> Vec<u8> {
+                let size = std::mem::size_of::<B::X8>();
+                let group = &bytes[r / 8 * nb * size..(r / 8 + 1) * nb * size];
+                let row: Vec<B> = group
+                    .chunks_exact(size)
+                    .map(|x| B::row_of(&bytemuck::pod_read_unaligned(x), r % 8))
+                    .collect();
+                bytemuck::cast_slice(&row).to_vec()
+            }
+            match m.dtype {
+                DType::Q4_0 => go::<BlockQ4_0>(m.data.bytes(), nb, r),
+                DType::Q4_1 => go::<BlockQ4_1>(m.data.bytes(), nb, r),
+                other => unreachable!("{other} is never interleaved"),
+            }
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! The 8-row interleaved layout (`quant::interleave`) keeps every row: each row read back
+//! (`row_bytes`, `dequantize_row`) is the row-major one, byte for byte, for row counts that
+//! leave the last group partial; other formats have no interleaved form.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+use vigil_kernels::quant::dequant::dequantize_row;
+use vigil_kernels::quant::interleave::{interleaved, row_bytes};
+use vigil_kernels::storage::AlignedBytes;
+use vigil_kernels::{DType, Layout, QMatrix, WeightData};
+
+fn random(rng: &mut ChaCha8Rng, dtype: DType, rows: usize, cols: usize) -> QMatrix {
+    let mut bytes = vec![0u8; rows * cols / dtype.block_size() * dtype.type_size()];
+    rng.fill(&mut bytes[..]);
+    // Finite f16 scales (and Q4_1 mins): exponent bits below all-ones.
+    for b in bytes.chunks_exact_mut(dtype.type_size()) {
+        b[1] &= 0x3B;
+        if dtype == DType::Q4_1 {
+            b[3] &= 0x3B;
+        }
+    }
+    QMatrix::new(
+        dtype,
+        rows,
+        cols,
+        WeightData::Owned(Arc::new(AlignedBytes::from_bytes(&bytes))),
+    )
+}
+
+#[test]
+fn every_row_reads_back_unchanged() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for dtype in [DType::Q4_0, DType::Q4_1] {
+        for rows in [1, 7, 8, 9, 16, 43] {
+            let cols = 32 * rng.random_range(1..12);
+            let w = random(&mut rng, dtype, rows, cols);
+            let x8 = interleaved(&w).expect("Q4_0 / Q4_1 interleave");
+            assert_eq!(x8.layout, Layout::Interleaved8);
+            assert_eq!(
+                x8.data.bytes().len(),
+                rows.div_ceil(8) * 8 * w.row_bytes(),
+                "{dtype} {rows} rows: whole groups, the last padded"
+            );
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in 0..rows {
+                assert_eq!(row_bytes(&x8, r), w.row(r), "{dtype} row {r} of {rows}");
+                dequantize_row(&w, r, &mut a);
+                dequantize_row(&x8, r, &mut b);
+                let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "{dtype} row {r} of {rows}: dequantized differently");
+            }
+        }
+    }
+}
+
+#[test]
+fn only_4_bit_row_major_matrices_interleave() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    for dtype in [DType::Q8_0, DType::Q4K, DType::F32] {
+        let w = random(&mut rng, dtype, 8, 256);
+        assert!(interleaved(&w).is_none(), "{dtype} has no interleaved form");
+    }
+    let x8 = interleaved(&random(&mut rng, DType::Q4_0, 8, 64)).unwrap();
+    assert!(interleaved(&x8).is_none(), "already interleaved");
+}
