@@ -436,6 +436,55 @@ fn simd_path_equals_per_key_ops_on_ragged_shapes() {
 }
 
 #[test]
+fn split_decode_step_equals_per_key_ops() {
+    // A decode step whose (sequence, KV head) tasks do not split evenly over the threads, at
+    // contexts past the split's threshold, is split by key ranges, queries and output columns
+    // (`attention::decode_split`): the per-key bits all the same, and the bits of the same
+    // row batched with another sequence (which keeps one task per KV head), with and without
+    // a sliding window.
+    if !vigil_kernels::cpu::features().avx2_fma_f16c {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    let pools = [ThreadPool::new(2), ThreadPool::new(3)];
+    for (heads, kv_heads, d, block_size) in [(9, 3, 64, 16), (4, 1, 256, 16), (6, 3, 32, 32)] {
+        for window in [None, Some(700)] {
+            let sh = AttnShape {
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim: d,
+                block_size,
+                window,
+                scale: AttnShape::default_scale(d),
+            };
+            let q_dim = heads * d;
+            // The first at least the split's threshold (1,024 keys).
+            let lens = [rng.random_range(1024..2200), rng.random_range(256..1100)];
+            let (cache, seqs) = build(&mut rng, sh, &lens);
+            let q: Vec<f32> = random_q(&mut rng, q_dim);
+            let other = random_q(&mut rng, 2 * q_dim);
+            let what = format!("heads {heads}/{kv_heads} d {d} window {window:?} len {lens:?}");
+            for pool in &pools {
+                let one = run(pool, sh, &cache, &seqs, &[(0, lens[0], &q)]);
+                // With a prefill row pair of the other sequence: two query rows, so no split.
+                let batched = run(
+                    pool,
+                    sh,
+                    &cache,
+                    &seqs,
+                    &[(1, lens[1], &other), (0, lens[0], &q)],
+                );
+                assert_eq!(bits(&one), bits(&batched[2 * q_dim..]), "{what}: batched");
+                if window.is_none() {
+                    let want = per_key_ops(sh, &cache, &seqs[0], lens[0], &q);
+                    assert_eq!(bits(&one), bits(&want), "{what}: per-key ops");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn dispatched_softmax_matches_f64_softmax() {
     // Lengths around the 8-lane groups; scores spread wide enough to underflow some terms.
     let mut rng = ChaCha8Rng::seed_from_u64(31);

@@ -12,6 +12,8 @@
 //! A query's reduction order depends only on its position and its keys, so the result is the
 //! same alone, chunked or batched (the determinism contract).
 
+mod decode_split;
+
 use crate::pool::{SyncPtr, ThreadPool};
 use half::f16;
 use std::cell::RefCell;
@@ -735,6 +737,9 @@ pub fn paged_attention<E: KvElem>(
         q.len(),
         seqs.iter().map(|s| s.query_len).sum::<usize>() * q_dim
     );
+    if decode_split::worth_it(shape, seqs, pool.num_threads()) {
+        return decode_split::attend_decode_split(pool, shape, q, k_cache, v_cache, seqs, out);
+    }
     let group = shape.num_heads / shape.num_kv_heads;
     // A tile is up to ROWS_PER_TILE query rows of one sequence × the heads sharing one KV head:
     // each key and value vector loaded serves all of them. Only when there are fewer such tiles
@@ -742,7 +747,8 @@ pub fn paged_attention<E: KvElem>(
     // split into tiles of their own, at the cost of reading each key and value once per head.
     // Fewer tiles than the threads could share evenly still win: SmolLM2's decode step at 2,048
     // tokens, 3 KV heads on 2 threads, takes 2.33 ms of attention in 3 tiles against 3.08 ms in
-    // 9 single-head ones (`attention_bench 2048 2 50 decode`, AVX-512).
+    // 9 single-head ones (`attention_bench 2048 2 50 decode`, AVX-512). Decode steps from
+    // `decode_split::MIN_KEYS` keys split finer, by keys and by output columns, instead.
     let mut tiles = Vec::new();
     for (si, s) in seqs.iter().enumerate() {
         for r0 in (0..s.query_len).step_by(ROWS_PER_TILE) {
