@@ -166,8 +166,11 @@ mod simd {
         }
     }
 
-    /// Value rows fetched this many keys ahead.
-    const VALUE_PREFETCH: usize = 4;
+    /// Value rows fetched this many keys ahead. In decode the rows come from DRAM and a key
+    /// takes a few cycles, so 4 keys ahead hid little of the latency (SmolLM2 decode after
+    /// 2,048 tokens, with 4-column tiles for 3 queries below: 6.2–7.6 ms a step against
+    /// 7.0–8.7, prefill unchanged; Zen 3).
+    const VALUE_PREFETCH: usize = 16;
 
     /// KV elements read 8 (AVX2) or 16 (AVX-512) at a time as f32.
     pub trait Load8: Copy {
@@ -455,9 +458,13 @@ mod simd {
                 s += 16;
             }
         }
+        // Column vectors per pass: as many as the 16 registers hold accumulators for. 3
+        // queries (a decode step's heads of one KV head in SmolLM2) take 4, 12 accumulators
+        // (with the 4 value vectors one over, and still faster, measured at `VALUE_PREFETCH`):
+        // one pass over the keys per 32 columns, so each 64-byte value line is read once.
         let wide = if NQ == 1 {
             8
-        } else if NQ == 2 {
+        } else if NQ <= 3 {
             4
         } else {
             2
