@@ -1,20 +1,13 @@
 //! The decoder's weights, whatever file they came from. Linear layers are `QMatrix` in any
 //! format the kernels multiply (F32/F16/BF16/Q8_0/Q4_x/Qk_K); norms are plain f32.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use vigil_kernels::cpu;
 use vigil_kernels::quant::interleave::{can_interleave, interleaved, interleaved_bytes};
 use vigil_kernels::storage::resident_copy;
 use vigil_kernels::{Layout, QMatrix, WeightData};
-
-/// Where a matrix's bytes in the resident copy come from.
-enum Span<'a> {
-    /// The checkpoint's bytes as they are.
-    Source(&'a [u8]),
-    /// Interleaved bytes made at load (an index into the loader's list of them).
-    Reordered(usize),
-}
 
 /// A gated MLP: `down(act(gate(x)) * up(x))` (SwiGLU or GeGLU, `ModelConfig::activation`).
 #[derive(Debug, Clone)]
@@ -116,11 +109,10 @@ impl ModelWeights {
                 }
             }
         }
-        // Source (address, length) → offset in the copy, and the interleaved bytes to place
-        // there instead of the source's.
+        // Source (address, length) → offset in the copy; the bytes placed there: the source's,
+        // or its interleaved form.
         let mut placed: HashMap<(usize, usize), usize> = HashMap::new();
-        let mut reordered: Vec<Vec<u8>> = Vec::new();
-        let mut spans = Vec::new();
+        let mut spans: Vec<(usize, Cow<[u8]>)> = Vec::new();
         let mut len = 0;
         for m in &mats {
             if let WeightData::Mapped { .. } = m.data {
@@ -128,17 +120,11 @@ impl ModelWeights {
                     continue;
                 }
                 let bytes = match interleaves(m).then(|| interleaved_bytes(m)).flatten() {
-                    Some(x8) => {
-                        reordered.push(x8);
-                        Span::Reordered(reordered.len() - 1)
-                    }
-                    None => Span::Source(m.data.bytes()),
+                    Some(x8) => Cow::Owned(x8),
+                    None => Cow::Borrowed(m.data.bytes()),
                 };
                 placed.insert(key(m), len);
-                let n = match bytes {
-                    Span::Reordered(i) => reordered[i].len(),
-                    Span::Source(b) => b.len(),
-                };
+                let n = bytes.len();
                 spans.push((len, bytes));
                 len = (len + n).next_multiple_of(64);
             }
@@ -146,12 +132,7 @@ impl ModelWeights {
         if spans.is_empty() {
             return Ok(());
         }
-        let parts: Vec<(usize, &[u8])> = (spans.iter())
-            .map(|(at, span)| match span {
-                Span::Reordered(i) => (*at, reordered[*i].as_slice()),
-                Span::Source(b) => (*at, *b),
-            })
-            .collect();
+        let parts: Vec<(usize, &[u8])> = spans.iter().map(|(at, b)| (*at, &**b)).collect();
         let map = Arc::new(resident_copy(len, &parts)?);
         drop(parts);
         drop(spans);
