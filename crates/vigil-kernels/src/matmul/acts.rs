@@ -21,7 +21,7 @@ pub struct Scratch {
     q8k: Vec<BlockQ8K>,
     d: Vec<f32>,
     s: Vec<f32>,
-    ysum: Vec<i32>,
+    neg8_ysum: Vec<i32>,
     bf16: Vec<u16>,
 }
 
@@ -88,12 +88,12 @@ impl Scratch {
         }
         let n_side = if side { m * nb } else { 0 };
         let d = grow(&mut self.d, n_side);
-        let ysum = grow(&mut self.ysum, n_side);
+        let neg8_ysum = grow(&mut self.neg8_ysum, n_side);
         if side {
             for (i, row) in blocks.chunks_exact(nb).enumerate() {
                 for (b, blk) in row.iter().enumerate() {
                     d[b * m + i] = blk.d.to_f32();
-                    ysum[b * m + i] = blk.qs.iter().map(|&q| q as i32).sum();
+                    neg8_ysum[b * m + i] = -8 * blk.qs.iter().map(|&q| q as i32).sum::<i32>();
                 }
             }
         }
@@ -101,7 +101,7 @@ impl Scratch {
             blocks,
             d,
             s: &[],
-            ysum,
+            neg8_ysum,
             m,
             nb,
         }
@@ -139,7 +139,7 @@ impl Scratch {
             blocks,
             d,
             s,
-            ysum: &[],
+            neg8_ysum: &[],
             m,
             nb,
         }

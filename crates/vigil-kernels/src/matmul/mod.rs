@@ -296,9 +296,10 @@ fn run(
     };
     let side = path != Path::Scalar;
     let shape = (m, cols);
-    // The 16-row GEMM groups (`avx512_gemm`, `avx512_kgemm`) want 16-row thread ranges, so
-    // that only the matrix's last group can be partial (Q5_K has no GEMM: 8 is its tile).
-    let align32 = if path == Path::Avx512 && m >= GEMM_MIN_ROWS {
+    // The 16-row GEMM tiles (`avx512_gemm`, `avx512_kgemm`, the AVX2 Q4 one in `avx2_gemm`)
+    // want 16-row thread ranges, so that only the matrix's last tile can be partial (Q5_K has
+    // no GEMM: 8 is its tile).
+    let align32 = if matches!(path, Path::Avx512 | Path::Avx2) && m >= GEMM_MIN_ROWS {
         16
     } else {
         ROW_ALIGN
@@ -649,7 +650,7 @@ macro_rules! fmtk {
                             blocks: acts,
                             d: &[],
                             s: &[],
-                            ysum: &[],
+                            neg8_ysum: &[],
                             m,
                             nb: acts.len() / m,
                         };

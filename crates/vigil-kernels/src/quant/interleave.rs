@@ -2,7 +2,7 @@
 //! groups of 8 rows, block by block, each block holding the 8 rows' scales (and mins) side by
 //! side and their nibbles one dword of each row at a time (`BlockQ4_0x8`, `BlockQ4_1x8`).
 //!
-//! It is the order the 8-row kernels multiply in (`avx2_gemm::Packed`), so decode reads each
+//! It is the lane order the 8-row kernels multiply in (`avx2_gemm::Packed`), so decode reads each
 //! block with plain loads instead of gathering 8 rows' scales and shuffling their nibbles
 //! (`avx2_q4_decode::tile_x8`), and prefill packing is a copy. Same bytes as the rows (the last
 //! group padded with zero rows), same values, same results bit for bit: only the order moves.

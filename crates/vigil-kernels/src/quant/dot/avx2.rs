@@ -29,7 +29,7 @@ pub trait Fmt32 {
     type A: bytemuck::Pod;
     /// Q4_1: add `mx * sy` per block.
     const HAS_MIN: bool;
-    /// Q4_0: the quants are stored +8; subtract `8 * Σy` from the integer dot.
+    /// Q4_0: the quants are stored +8; add `-8 * Σy` (`Acts32::neg8_ysum`) to the integer dot.
     const OFFSET8: bool;
     /// The weight quants (`[0]`) and, for signed formats, their magnitudes (`[1]`).
     ///
@@ -386,8 +386,7 @@ pub(super) unsafe fn fold_block<F: Fmt32, const MR: usize, const NR: usize>(
 ) -> __m256 {
     let side = b * acts.m + i0;
     if F::OFFSET8 {
-        let ysum = act_lanes_i32::<MR>(acts.ysum.as_ptr().add(side));
-        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<3>(ysum));
+        sumi = _mm256_add_epi32(sumi, act_lanes_i32::<MR>(acts.neg8_ysum.as_ptr().add(side)));
     }
     let dy = act_lanes::<MR>(acts.d.as_ptr().add(side));
     let (dx, mx) = weight_lanes::<F, MR, NR>(w, b);

@@ -106,8 +106,7 @@ pub unsafe fn tile_x8<D: IntDot, F: Nibble32>(
         let mut sumi = D::dot4_sum8(&u, &s);
         let side = b * m + i;
         if F::OFFSET8 {
-            let ysum = _mm256_set1_epi32(*acts.ysum.get_unchecked(side));
-            sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<3>(ysum));
+            sumi = _mm256_add_epi32(sumi, _mm256_set1_epi32(*acts.neg8_ysum.get_unchecked(side)));
         }
         let dx = _mm256_cvtph_ps(_mm_loadu_si128(F::x8_d(x).as_ptr().cast()));
         let dy = _mm256_set1_ps(*acts.d.get_unchecked(side));

@@ -172,7 +172,7 @@ unsafe fn tile_q4<F: Nibble32, const R: usize>(
         // One chain per row (`MR` rows keep enough in flight); Q4_0's `-8 · Σy` is its start.
         let mut sumi: [__m512i; R] = std::array::from_fn(|i| {
             if F::OFFSET8 {
-                _mm512_set1_epi32(-8 * *acts.ysum.get_unchecked(side + i))
+                _mm512_set1_epi32(*acts.neg8_ysum.get_unchecked(side + i))
             } else {
                 _mm512_setzero_si512()
             }
@@ -219,8 +219,9 @@ unsafe fn tile_q8<const R: usize>(
         let p = &*pk.as_ptr().add(b);
         let side = b * m + i0;
         // The weights enter as `w + 128`: each row's chain starts at `-128 · Σy`.
-        let mut sumi: [__m512i; R] =
-            std::array::from_fn(|i| _mm512_set1_epi32(-128 * *acts.ysum.get_unchecked(side + i)));
+        let mut sumi: [__m512i; R] = std::array::from_fn(|i| {
+            _mm512_set1_epi32(16 * *acts.neg8_ysum.get_unchecked(side + i))
+        });
         for h in 0..8 {
             let w = _mm512_xor_si512(_mm512_load_si512(p.qs[h].as_ptr().cast()), flip);
             for i in 0..R {

@@ -115,13 +115,16 @@ pub fn scales_mins_k4(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
 }
 
 /// Quantized activations for the 32-value formats as the tiles read them: `m` rows of `nb`
-/// blocks, plus each block's scale (and Q8_1 sum, Q8_0 quant sum) as f32/i32 laid out
+/// blocks, plus each block's scale (and Q8_1 sum, Q8_0 offset) as f32/i32 laid out
 /// `[block][row]` so a tile loads its rows' values with one vector load.
 pub struct Acts32<'a, A> {
     pub blocks: &'a [A],
     pub d: &'a [f32],
     pub s: &'a [f32],
-    pub ysum: &'a [i32],
+    /// Q8_0: `-8 · Σy` of the block's quants, the Q4_0 offset (its quants are stored +8) as
+    /// a kernel adds it to the integer dot with no shift in its loop; 16 times it is the
+    /// `-128 · Σy` of the kernels that take weights as `w + 128`.
+    pub neg8_ysum: &'a [i32],
     pub m: usize,
     pub nb: usize,
 }

@@ -13,7 +13,7 @@
 //!   two chains per activation row so the tile is not bound by `vpdpbusd`'s latency. Q4_0's
 //!   `-8 · Σy` is where the low chain starts.
 //! - Q8_0: the weights are signed, so they enter as `w + 128` (`w ^ 0x80` read unsigned,
-//!   0..255) and a chain starts at `-128 · Σy` (the Q8_0 activations' `ysum`):
+//!   0..255) and a chain starts at `-128 · Σy` (16 times the Q8_0 activations' `neg8_ysum`):
 //!   `Σ (w + 128) · y - 128 · Σ y = Σ w · y`, exact for every byte value.
 //!
 //! The kernels are generic over the encoding (`vnni::Vnni256`) and `#[inline(always)]`; the
@@ -101,7 +101,6 @@ unsafe fn tile_q4<D: Vnni256, F: Nibble32, const R: usize>(
     i0: usize,
 ) -> [__m256; R] {
     let (m, nb) = (acts.m, acts.nb);
-    let mask = _mm256_set1_epi8(0x0F);
     let ya: [*const i8; R] =
         std::array::from_fn(|i| F::act_qs(&acts.blocks[(i0 + i) * nb]).as_ptr());
     let stride = std::mem::size_of::<F::A>();
@@ -112,16 +111,15 @@ unsafe fn tile_q4<D: Vnni256, F: Nibble32, const R: usize>(
         // Q4_0's `-8 · Σy` is where the low chain starts.
         let mut s_lo: [__m256i; R] = std::array::from_fn(|i| {
             if F::OFFSET8 {
-                _mm256_set1_epi32(-8 * *acts.ysum.get_unchecked(side + i))
+                _mm256_set1_epi32(*acts.neg8_ysum.get_unchecked(side + i))
             } else {
                 _mm256_setzero_si256()
             }
         });
         let mut s_hi = [_mm256_setzero_si256(); R];
         for h in 0..4 {
-            let raw = _mm256_load_si256((*p).qs[h].as_ptr().cast());
-            let lo = _mm256_and_si256(raw, mask);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask);
+            let lo = _mm256_load_si256((*p).q[2 * h].as_ptr().cast());
+            let hi = _mm256_load_si256((*p).q[2 * h + 1].as_ptr().cast());
             for i in 0..R {
                 let y = ya[i].add(b * stride);
                 s_lo[i] = D::dpbusd(s_lo[i], lo, bcast4(y.add(4 * h)));
@@ -155,7 +153,7 @@ unsafe fn tile_q8<D: Vnni256, const R: usize>(
         // enter as `w + 128`, so the even chain starts at `-128 · Σy`.
         let mut s = [[_mm256_setzero_si256(); R]; 2];
         for i in 0..R {
-            s[0][i] = _mm256_set1_epi32(-128 * *acts.ysum.get_unchecked(side + i));
+            s[0][i] = _mm256_set1_epi32(16 * *acts.neg8_ysum.get_unchecked(side + i));
         }
         for h in 0..8 {
             let w = _mm256_xor_si256(_mm256_load_si256((*p).qs[h].as_ptr().cast()), flip);
