@@ -958,8 +958,13 @@ pub fn softmax_dispatched(x: &mut [f32]) {
     }
 }
 
-/// Value rows whose offsets are gathered at once (one block-table lookup per cache block).
-const KEY_BLOCK: usize = 64;
+/// Value rows whose offsets are gathered at once (one block-table lookup per cache block),
+/// and the keys one `weighted_sums` call runs over: each call reloads and stores its
+/// accumulators per query group and column pass, and its value prefetch starts cold, so
+/// longer runs pay both less often. SmolLM2's shape on Zen 3 (`attention_bench`, interleaved
+/// rounds): 64 → 512 keys, prefill of 1,024 on one thread 19.5–20.0 → 18.4–19.0 ms a layer,
+/// a decode step after 2,048 keys 5.3–6.9 → 4.5–5.3 ms (medians); same bits.
+const KEY_BLOCK: usize = 512;
 
 /// The AVX2 path of `attend_tile`: per query the operations of `KvElem::dot_avx2` per key,
 /// the vectorized softmax (`softmax_dispatched`), then `KvElem::axpy_avx2` per key in order
