@@ -345,10 +345,15 @@ unsafe fn tile<F: Nibble32, const R: usize>(
             }
         }
         for i in 0..R {
+            // Q4_0's offset is the activation row's: one broadcast serves both groups.
+            let offset = if F::OFFSET8 {
+                _mm256_set1_epi32(*acts.neg8_ysum.get_unchecked(side + i))
+            } else {
+                _mm256_setzero_si256()
+            };
             for g in 0..2 {
                 let mut sumi = _mm256_madd_epi16(s16[i][g], ones);
                 if F::OFFSET8 {
-                    let offset = _mm256_set1_epi32(*acts.neg8_ysum.get_unchecked(side + i));
                     sumi = _mm256_add_epi32(sumi, offset);
                 }
                 acc[i][g] = fold::<F>(acc[i][g], sumi, &p.0[g], acts, side + i);
