@@ -312,9 +312,11 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// A query's output rebuilt from the per-key operations of the AVX2 path: one `dot_avx2` per
-/// key, the dispatched softmax, then one `axpy_avx2` per key in order.
+/// A query's output rebuilt from the per-key operations of the AVX2 path: run by run of
+/// `RUN_KEYS` keys (`attention::runs`), one `dot_avx2` per key, the dispatched exponentials,
+/// one `axpy_avx2` per key in order, and the runs merged in order.
 fn per_key_ops(sh: AttnShape, cache: &Cache, seq: &Seq, len: usize, q: &[f32]) -> Vec<f32> {
+    use vigil_kernels::attention::runs::{exp_run_dispatched, runs, RunState};
     use vigil_kernels::attention::KvElem;
     let (d, bs) = (sh.head_dim, sh.block_size);
     let (q_dim, kv_dim) = (sh.num_heads * d, sh.num_kv_heads * d);
@@ -330,17 +332,24 @@ fn per_key_ops(sh: AttnShape, cache: &Cache, seq: &Seq, len: usize, q: &[f32]) -
     let mut out = vec![0f32; q.len()];
     for r in 0..rows {
         let pos = len - rows + r;
+        let first = sh.window.map_or(0, |w| (pos + 1).saturating_sub(w));
         for h in 0..sh.num_heads {
             let off = (h / (sh.num_heads / sh.num_kv_heads)) * d;
             let qv = &q[r * q_dim + h * d..][..d];
-            let mut s: Vec<f32> = (0..=pos)
-                .map(|p| f16::dot_avx2(qv, &key(p, off)) * sh.scale)
-                .collect();
-            vigil_kernels::attention::softmax_dispatched(&mut s);
             let o = &mut out[r * q_dim + h * d..][..d];
-            for (p, &w) in s.iter().enumerate() {
-                f16::axpy_avx2(o, w, &cache.v[row_of(p) + off..][..d]);
+            let mut state = RunState::default();
+            for run in runs(first, pos + 1) {
+                let mut s: Vec<f32> = (run.clone())
+                    .map(|p| f16::dot_avx2(qv, &key(p, off)) * sh.scale)
+                    .collect();
+                let (m, l) = exp_run_dispatched(&mut s);
+                let mut o_r = vec![0f32; d];
+                for (p, &w) in run.zip(&s) {
+                    f16::axpy_avx2(&mut o_r, w, &cache.v[row_of(p) + off..][..d]);
+                }
+                state.merge(o, m, l, Some(&o_r));
             }
+            state.finish(o);
         }
     }
     out
@@ -368,8 +377,7 @@ fn blocked_simd_path_equals_per_key_simd_ops() {
 
 #[test]
 fn simd_path_equals_per_key_ops_on_ragged_shapes() {
-    // Random lengths: query rows not a multiple of the row tile, keys not a multiple of the
-    // key block, cache blocks of 8 (the SIMD path's multiple; others take the scalar path,
+    // Random lengths: query rows not a multiple of the row tile, keys across runs (256), cache blocks of 8 (the SIMD path's multiple; others take the scalar path,
     // checked against the f64 reference) up to past the key block, head sizes with 8-wide
     // remainders, groups of 1 to 8 heads. Each sequence batched with others, and one row of
     // each alone (a decode step; with one KV head its heads are split across tiles), gives
@@ -397,7 +405,7 @@ fn simd_path_equals_per_key_ops_on_ragged_shapes() {
             scale: AttnShape::default_scale(d),
         };
         let q_dim = heads * d;
-        let lens: Vec<usize> = (0..3).map(|_| rng.random_range(1..230)).collect();
+        let lens: Vec<usize> = (0..3).map(|_| rng.random_range(1..600)).collect();
         let (cache, seqs) = build(&mut rng, sh, &lens);
         let qs: Vec<Vec<f32>> = lens
             .iter()
@@ -436,19 +444,18 @@ fn simd_path_equals_per_key_ops_on_ragged_shapes() {
 }
 
 #[test]
-fn split_decode_step_equals_per_key_ops() {
-    // A decode step whose (sequence, KV head) tasks do not split evenly over the threads, at
-    // contexts past the split's threshold, is split by key ranges, queries and output columns
-    // (`attention::decode_split`): the per-key bits all the same, and the bits of the same
-    // row batched with another sequence (which keeps one task per KV head), with and without
-    // a sliding window.
+fn decode_step_by_runs_equals_per_key_ops() {
+    // A decode step (every sequence one row) splits by runs of keys over all KV heads, or by
+    // KV head too when the runs are few (`attention::decode_runs`): the per-key bits all the
+    // same, and the bits of the same row batched with a prefill of another sequence (which
+    // takes the tile path), with and without a sliding window, at 2 and 3 threads.
     if !vigil_kernels::cpu::features().avx2_fma_f16c {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(41);
     let pools = [ThreadPool::new(2), ThreadPool::new(3)];
     for (heads, kv_heads, d, block_size) in [(9, 3, 64, 16), (4, 1, 256, 16), (6, 3, 32, 32)] {
-        for window in [None, Some(700)] {
+        for window in [None, Some(700), Some(100)] {
             let sh = AttnShape {
                 num_heads: heads,
                 num_kv_heads: kv_heads,
@@ -458,26 +465,38 @@ fn split_decode_step_equals_per_key_ops() {
                 scale: AttnShape::default_scale(d),
             };
             let q_dim = heads * d;
-            // The first at least the split's threshold (1,024 keys).
-            let lens = [rng.random_range(1024..2200), rng.random_range(256..1100)];
-            let (cache, seqs) = build(&mut rng, sh, &lens);
-            let q: Vec<f32> = random_q(&mut rng, q_dim);
-            let other = random_q(&mut rng, 2 * q_dim);
-            let what = format!("heads {heads}/{kv_heads} d {d} window {window:?} len {lens:?}");
-            for pool in &pools {
-                let one = run(pool, sh, &cache, &seqs, &[(0, lens[0], &q)]);
-                // With a prefill row pair of the other sequence: two query rows, so no split.
-                let batched = run(
-                    pool,
-                    sh,
-                    &cache,
-                    &seqs,
-                    &[(1, lens[1], &other), (0, lens[0], &q)],
-                );
-                assert_eq!(bits(&one), bits(&batched[2 * q_dim..]), "{what}: batched");
-                if window.is_none() {
-                    let want = per_key_ops(sh, &cache, &seqs[0], lens[0], &q);
+            for lens in [
+                [rng.random_range(1024..2200), rng.random_range(256..1100)],
+                [rng.random_range(1..300), rng.random_range(2..300)],
+            ] {
+                let (cache, seqs) = build(&mut rng, sh, &lens);
+                let q: Vec<f32> = random_q(&mut rng, q_dim);
+                let q1: Vec<f32> = random_q(&mut rng, q_dim);
+                let other = random_q(&mut rng, 2 * q_dim);
+                let what = format!("heads {heads}/{kv_heads} d {d} window {window:?} len {lens:?}");
+                let want = per_key_ops(sh, &cache, &seqs[0], lens[0], &q);
+                let want1 = per_key_ops(sh, &cache, &seqs[1], lens[1], &q1);
+                for pool in &pools {
+                    let one = run(pool, sh, &cache, &seqs, &[(0, lens[0], &q)]);
                     assert_eq!(bits(&one), bits(&want), "{what}: per-key ops");
+                    let both = run(
+                        pool,
+                        sh,
+                        &cache,
+                        &seqs,
+                        &[(1, lens[1], &q1), (0, lens[0], &q)],
+                    );
+                    assert_eq!(bits(&both[..q_dim]), bits(&want1), "{what}: two decodes");
+                    assert_eq!(bits(&both[q_dim..]), bits(&want), "{what}: two decodes");
+                    // With a prefill row pair of the other sequence: the tile path.
+                    let batched = run(
+                        pool,
+                        sh,
+                        &cache,
+                        &seqs,
+                        &[(1, lens[1], &other), (0, lens[0], &q)],
+                    );
+                    assert_eq!(bits(&one), bits(&batched[2 * q_dim..]), "{what}: batched");
                 }
             }
         }

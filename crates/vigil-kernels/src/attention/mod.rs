@@ -12,7 +12,9 @@
 //! A query's reduction order depends only on its position and its keys, so the result is the
 //! same alone, chunked or batched (the determinism contract).
 
-mod decode_split;
+mod decode_runs;
+pub mod runs;
+use runs::{RunState, RUN_KEYS};
 
 use crate::pool::{SyncPtr, ThreadPool};
 use half::f16;
@@ -204,13 +206,13 @@ mod simd {
         }
     }
 
-    /// Softmax in place: the max, then `exp8(x - max)` summed in 8 lanes (`hsum`), then
-    /// scaled by the sum's reciprocal. Depends only on `x`.
+    /// `x[i] = exp8(x[i] - max)` in place, summed in 8 lanes (`hsum`): returns the max and
+    /// the sum. Depends only on `x` (`runs::exp_run_dispatched`).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn softmax(x: &mut [f32]) {
+    pub unsafe fn exp_run(x: &mut [f32]) -> (f32, f32) {
         let n = x.len();
         if n == 0 {
-            return;
+            return (f32::NEG_INFINITY, 0.0);
         }
         let full = n / 8 * 8;
         let p = x.as_mut_ptr();
@@ -247,14 +249,15 @@ mod simd {
             x[full..].copy_from_slice(&t[..n - full]);
             sum = _mm256_add_ps(sum, e);
         }
-        let inv = _mm256_set1_ps(1.0 / hsum(sum));
-        for i in (0..full).step_by(8) {
-            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
-        }
-        let inv = 1.0 / hsum(sum);
-        for v in &mut x[full..] {
-            *v *= inv;
-        }
+        (m, hsum(sum))
+    }
+
+    /// Softmax in place: `exp_run`, then scaled by the sum's reciprocal.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn softmax(x: &mut [f32]) {
+        let (_, sum) = exp_run(x);
+        let inv = 1.0 / sum;
+        x.iter_mut().for_each(|v| *v *= inv);
     }
 
     /// Scores of queries `q` against vectors of 8 keys (16 with `wide`, AVX-512) read from
@@ -418,7 +421,15 @@ mod simd {
             let os: [*mut f32; 6] = std::array::from_fn(|i| out[last(i)]);
             let ws: [*const f32; 6] = std::array::from_fn(|i| w[last(i)]);
             let ns: [usize; 6] = std::array::from_fn(|i| n[last(i)]);
-            match nq - i0 {
+            // Three queries (a decode step's group in SmolLM2) as two and one on AVX2: 3 × 4
+            // sums and 4 values overflow the 16 registers, and a spilled sum's store and reload
+            // sits in its chain of FMAs, about doubling the time per key; two passes over
+            // the (cached) value rows cost less.
+            let take = match nq - i0 {
+                3 if !wide => 2,
+                left => left.min(6),
+            };
+            match take {
                 1 => weighted_sums_group::<E, 1>(&os, &ws, &ns, v, d, wide),
                 2 => weighted_sums_group::<E, 2>(&os, &ws, &ns, v, d, wide),
                 3 => weighted_sums_group::<E, 3>(&os, &ws, &ns, v, d, wide),
@@ -426,7 +437,7 @@ mod simd {
                 5 => weighted_sums_group::<E, 5>(&os, &ws, &ns, v, d, wide),
                 _ => weighted_sums_group::<E, 6>(&os, &ws, &ns, v, d, wide),
             }
-            i0 += 6;
+            i0 += take;
         }
     }
 
@@ -622,6 +633,15 @@ mod simd {
     pub unsafe fn softmax(x: &mut [f32]) {
         crate::ops::softmax_inplace(x)
     }
+    pub unsafe fn exp_run(x: &mut [f32]) -> (f32, f32) {
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0;
+        for v in x.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        (max, sum)
+    }
     pub unsafe fn scores_t<E: crate::attention::KvElem>(
         q: &[*const f32],
         keys: &[(*const E, usize)],
@@ -744,8 +764,8 @@ pub fn paged_attention<E: KvElem>(
         q.len(),
         seqs.iter().map(|s| s.query_len).sum::<usize>() * q_dim
     );
-    if decode_split::worth_it(shape, seqs, pool.num_threads()) {
-        return decode_split::attend_decode_split(pool, shape, q, k_cache, v_cache, seqs, out);
+    if decode_runs::applies(shape, seqs) {
+        return decode_runs::attend_decode_runs(pool, shape, q, k_cache, v_cache, seqs, out);
     }
     let group = shape.num_heads / shape.num_kv_heads;
     // A tile is up to ROWS_PER_TILE query rows of one sequence × the heads sharing one KV head:
@@ -754,8 +774,8 @@ pub fn paged_attention<E: KvElem>(
     // split into tiles of their own, at the cost of reading each key and value once per head.
     // Fewer tiles than the threads could share evenly still win: SmolLM2's decode step at 2,048
     // tokens, 3 KV heads on 2 threads, takes 2.33 ms of attention in 3 tiles against 3.08 ms in
-    // 9 single-head ones (`attention_bench 2048 2 50 decode`, AVX-512). Decode steps from
-    // `decode_split::MIN_KEYS` keys split finer, by keys and by output columns, instead.
+    // 9 single-head ones (`attention_bench 2048 2 50 decode`, AVX-512). Decode steps on the AVX2
+    // path split by runs of keys instead (`decode_runs`).
     let mut tiles = Vec::new();
     for (si, s) in seqs.iter().enumerate() {
         for r0 in (0..s.query_len).step_by(ROWS_PER_TILE) {
@@ -890,9 +910,8 @@ fn attend_tile<'o, E: KvElem>(
     out_for: impl Fn(usize, usize) -> &'o mut [f32],
 ) {
     let g = TileGeometry::new(shape, tile);
-    let (d, q_dim, scale, max_keys) = (g.d, g.q_dim, g.scale, g.max_keys);
+    let (d, q_dim, scale) = (g.d, g.q_dim, g.scale);
     let key_row = |p| g.key_row(p);
-    let keys = |row| g.first_key(row)..g.num_keys(row);
     let simd = crate::cpu::features().avx2_fma_f16c
         && d.is_multiple_of(8)
         && g.block_size.is_multiple_of(8);
@@ -904,46 +923,35 @@ fn attend_tile<'o, E: KvElem>(
     if simd {
         return attend_tile_simd(shape, tile, q, k_cache, v_cache, &queries, out_for);
     }
-    SCORES.with(|cell| {
-        let mut scores = cell.borrow_mut();
-        scores.clear();
-        scores.resize(queries.len() * max_keys, 0.0);
-        let mut k = vec![0f32; d];
-        for p in g.first_key(tile.rows.start)..max_keys {
-            let first = g.key_col(p);
-            for (c, x) in k.iter_mut().enumerate() {
-                *x = k_cache[first + c * g.block_size].to_f32();
+    // Per query, run by run (`runs`): scores, exponentials, weighted values, merged.
+    let mut k = vec![0f32; d];
+    let mut o_r = vec![0f32; d];
+    let mut s = Vec::with_capacity(runs::RUN_KEYS);
+    for &(row, head) in &queries {
+        let qv = &q[row * q_dim + head * d..][..d];
+        let o = out_for(row, head);
+        let mut state = runs::RunState::default();
+        for run in runs::runs(g.first_key(row), g.num_keys(row)) {
+            s.clear();
+            for p in run.clone() {
+                let first = g.key_col(p);
+                for (c, x) in k.iter_mut().enumerate() {
+                    *x = k_cache[first + c * g.block_size].to_f32();
+                }
+                s.push(dot_f32_kv(qv, &k) * scale);
             }
-            for (qi, &(row, head)) in queries.iter().enumerate() {
-                if keys(row).contains(&p) {
-                    let qv = &q[row * q_dim + head * d..][..d];
-                    scores[qi * max_keys + p] = dot_f32_kv(qv, &k) * scale;
+            let (m, l) = runs::exp_run_scalar(&mut s);
+            o_r.fill(0.0);
+            for (p, &w) in run.zip(&s) {
+                let v = &v_cache[key_row(p)..][..d];
+                for (x, &y) in o_r.iter_mut().zip(v) {
+                    *x += w * y.to_f32();
                 }
             }
+            state.merge(o, m, l, Some(&o_r));
         }
-        for (qi, &(row, _)) in queries.iter().enumerate() {
-            let r = keys(row);
-            crate::ops::softmax_inplace(
-                &mut scores[qi * max_keys + r.start..qi * max_keys + r.end],
-            );
-        }
-        let mut outs: Vec<&mut [f32]> = queries
-            .iter()
-            .map(|&(row, head)| out_for(row, head))
-            .collect();
-        outs.iter_mut().for_each(|o| o.fill(0.0));
-        for p in g.first_key(tile.rows.start)..max_keys {
-            let v = &v_cache[key_row(p)..][..d];
-            for (qi, &(row, _)) in queries.iter().enumerate() {
-                if keys(row).contains(&p) {
-                    let w = scores[qi * max_keys + p];
-                    for (o, &x) in outs[qi].iter_mut().zip(v) {
-                        *o += w * x.to_f32();
-                    }
-                }
-            }
-        }
-    });
+        state.finish(o);
+    }
 }
 
 /// The softmax of the attention path this CPU takes: the AVX2 one (vector `exp`, 8-lane
@@ -958,20 +966,13 @@ pub fn softmax_dispatched(x: &mut [f32]) {
     }
 }
 
-/// Value rows whose offsets are gathered at once (one block-table lookup per cache block),
-/// and the keys one `weighted_sums` call runs over: each call reloads and stores its
-/// accumulators per query group and column pass, and its value prefetch starts cold, so
-/// longer runs pay both less often. SmolLM2's shape on Zen 3 (`attention_bench`, interleaved
-/// rounds): 64 → 512 keys, prefill of 1,024 on one thread 19.5–20.0 → 18.4–19.0 ms a layer,
-/// a decode step after 2,048 keys 5.3–6.9 → 4.5–5.3 ms (medians); same bits.
-const KEY_BLOCK: usize = 512;
-
 /// The AVX2 path of `attend_tile`: per query the operations of `KvElem::dot_avx2` per key,
-/// the vectorized softmax (`softmax_dispatched`), then `KvElem::axpy_avx2` per key in order
-/// (so the same bits alone or in any tile). Keys are read d-major straight from the cache
-/// (`key_index`), so the scores are a register-tiled product (queries × keys, one lane per
-/// score, no horizontal sums) over f16 loads; values are read row by row from the cache while
-/// several queries' outputs stay in registers across the keys.
+/// then run by run (`runs`) the vectorized exponentials (`runs::exp_run_dispatched`) and
+/// `KvElem::axpy_avx2` per key in order, merged (so the same bits alone, in any tile, or in a
+/// decode step's `decode_runs`). Keys are read d-major straight from the cache (`key_index`),
+/// so the scores are a register-tiled product (queries × keys, one lane per score, no
+/// horizontal sums) over f16 loads; values are read row by row from the cache while several
+/// queries' outputs stay in registers across a run's keys.
 #[allow(clippy::too_many_arguments)]
 fn attend_tile_simd<'o, E: KvElem>(
     shape: AttnShape,
@@ -987,7 +988,8 @@ fn attend_tile_simd<'o, E: KvElem>(
     let num_keys = |row| g.num_keys(row);
     let first_key = |row| g.first_key(row);
     // The tile's keys start at its first row's window (0 without one); a later row's keys
-    // before its own window get weight 0 (adding 0 · v leaves a sum as it is).
+    // before its own window get weight 0 (adding 0 · v to a zero sum leaves it +0, as if the
+    // run started at the row's first key, which is where `decode_runs` starts it).
     let start = first_key(tile.rows.start);
     let nq = queries.len();
     // Score rows cover whole cache blocks: the kernel writes 8 keys at a time.
@@ -1012,49 +1014,70 @@ fn attend_tile_simd<'o, E: KvElem>(
             (unsafe { k_cache.as_ptr().add(at) }, p)
         })
         .collect();
-    let mut rows = Vec::with_capacity(KEY_BLOCK);
+    let mut rows = Vec::with_capacity(RUN_KEYS);
     let mut ptrs: Vec<*mut f32> = Vec::with_capacity(nq);
     let mut weights: Vec<*const f32> = Vec::with_capacity(nq);
     let mut counts: Vec<usize> = Vec::with_capacity(nq);
+    let mut stats: Vec<(f32, f32)> = Vec::with_capacity(nq);
+    let mut states = vec![RunState::default(); nq];
     SCORES.with(|cell| {
-        let mut scores = cell.borrow_mut();
-        // Every score a softmax reads is written first, so no clearing.
-        if scores.len() < nq * stride {
-            scores.resize(nq * stride, 0.0);
+        let mut buf = cell.borrow_mut();
+        // Scores, then each query's values of the run in hand. Every score an exponential
+        // reads is written first, so no clearing.
+        if buf.len() < nq * (stride + d) {
+            buf.resize(nq * (stride + d), 0.0);
         }
+        let (scores, scratch) = buf.split_at_mut(nq * stride);
         let base = scores.as_mut_ptr();
         // SAFETY: each query's row of `stride` scores holds every vector's 8 positions.
         ptrs.extend((0..nq).map(|qi| unsafe { base.add(qi * stride) }));
         // SAFETY: `simd` was checked by the caller; `q_ptrs` rows have `d` elements; the key
         // vectors were bounds-checked above.
         unsafe { E::scores_avx2(&q_ptrs, &key_vectors, bs, d, scale, &ptrs, wide) };
-        for (qi, &(row, _)) in queries.iter().enumerate() {
-            let first = first_key(row);
-            let s = &mut scores[qi * stride..qi * stride + num_keys(row)];
-            s[start..first].fill(0.0);
-            // SAFETY: as above.
-            unsafe { simd::softmax(&mut s[first..]) };
-        }
         let mut outs: Vec<&mut [f32]> = queries
             .iter()
             .map(|&(row, head)| out_for(row, head))
             .collect();
         outs.iter_mut().for_each(|o| o.fill(0.0));
-        ptrs.clear();
-        ptrs.extend(outs.iter_mut().map(|o| o.as_mut_ptr()));
-        for p0 in (start..max_keys).step_by(KEY_BLOCK) {
-            let p1 = (p0 + KEY_BLOCK).min(max_keys);
+        for run in runs::runs(start, max_keys) {
+            let (p0, p1) = (run.start, run.end);
             g.key_rows(p0, p1, &mut rows);
-            counts.clear();
-            counts.extend(
-                queries
-                    .iter()
-                    .map(|&(row, _)| num_keys(row).min(p1).saturating_sub(p0)),
-            );
+            ptrs.clear();
             weights.clear();
-            weights.extend((0..nq).map(|qi| scores[qi * stride + p0..].as_ptr()));
+            counts.clear();
+            stats.clear();
+            for (qi, &(row, _)) in queries.iter().enumerate() {
+                let keys = first_key(row).max(p0)..num_keys(row).min(p1);
+                let s = &mut scores[qi * stride..(qi + 1) * stride];
+                let o_r = &mut scratch[qi * d..(qi + 1) * d];
+                weights.push(s[p0..].as_ptr());
+                if keys.is_empty() {
+                    counts.push(0);
+                    stats.push((0.0, 0.0));
+                    ptrs.push(o_r.as_mut_ptr());
+                    continue;
+                }
+                s[p0..keys.start].fill(0.0);
+                stats.push(runs::exp_run_dispatched(&mut s[keys.clone()]));
+                counts.push(keys.end - p0);
+                // A query's first run sums straight into its (zeroed) output.
+                if states[qi].started {
+                    o_r.fill(0.0);
+                    ptrs.push(o_r.as_mut_ptr());
+                } else {
+                    ptrs.push(outs[qi].as_mut_ptr());
+                }
+            }
             // SAFETY: as above; each output has `d` elements, each weight row `counts`.
             unsafe { E::weighted_sums_avx2(&ptrs, &weights, &counts, v_cache, &rows, d, wide) };
+            for qi in (0..nq).filter(|&qi| counts[qi] > 0) {
+                let (m, l) = stats[qi];
+                let o_r = (states[qi].started).then(|| &scratch[qi * d..(qi + 1) * d]);
+                states[qi].merge(outs[qi], m, l, o_r);
+            }
+        }
+        for (state, o) in states.iter().zip(outs.iter_mut()) {
+            state.finish(o);
         }
     });
 }
