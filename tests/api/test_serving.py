@@ -179,10 +179,15 @@ def test_prefix_cache_off(gguf):
 # ── (c) Disconnects ────────────────────────────────────────────────────────────────────────
 
 
+LONG = 4000  # tokens: ~15 s of decode at 270 tok/s, so a request this long outlives its client
+
+
 def test_client_disconnect_frees_everything(smol):
     h0 = smol.wait_idle()
     assert h0["running"] == 0
-    body = {**story_body("a very long journey", max_tokens=400), "stream": True}
+    # Far more tokens than a fast CPU decodes while the client waits: the request must still be
+    # running when the client leaves.
+    body = {**story_body("a very long journey", max_tokens=LONG), "stream": True}
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", smol.url + CHAT, json=body) as r:
             assert r.status_code == 200
@@ -207,13 +212,13 @@ def test_client_disconnect_frees_everything(smol):
     assert h["queued"] == 0, h
     assert h["kv_pages_free"] == h["kv_pages_total"], f"leaked KV blocks: {h}"
     assert h["requests_cancelled"] == h0["requests_cancelled"] + 1, h
-    assert h["generated_tokens"] - h0["generated_tokens"] < 400, "generation ran on after the client left"
+    assert h["generated_tokens"] - h0["generated_tokens"] < LONG, "generation ran on after the client left"
 
 
 def test_disconnect_during_non_streamed_request(smol):
     """A non-streamed request whose client times out is cancelled too."""
     h0 = smol.wait_idle()
-    body = story_body("a very long journey", max_tokens=400)
+    body = story_body("a very long journey", max_tokens=LONG)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(smol.url + CHAT, json=body, timeout=httpx.Timeout(60, read=1.5))
     deadline = time.monotonic() + 3.0
