@@ -374,7 +374,11 @@ def test_ws_frame_over_16_mib_ends_the_connection(qclient, qwen, janitor):
 
 # ── Slow subscribers and keep-alives ───────────────────────────────────────────────────────
 
-FLOOD = 4000  # events: the bus's 512, plus what the socket buffers and hyper's queue absorb
+# Events a stalled reader is sent before it must be cut off: the bus's 512 plus what the socket
+# buffers and hyper's queue absorb. With the small client socket below that is ~600 events on
+# the machines seen so far; a kernel whose send buffer grows further absorbs more, so a flood
+# that a stalled reader got every event of (no lag) is repeated 8× larger.
+FLOODS = (4000, 32000)
 
 
 def slow_socket(server) -> socket.socket:
@@ -388,34 +392,80 @@ def slow_socket(server) -> socket.socket:
     return sock
 
 
-def flood_events(server, sid: str, n: int) -> int:
+def flood_events(server, sid: str, n: int, window: int = 64) -> int:
     """Publishes `n` events cheaply over a WebSocket that keeps up: in a session created with
     `max_pending_bytes=1` every entry overflows the queue, so each push is one `dropped` event
-    and nothing reaches the engine."""
-    with ws_connect(ws_url(server, sid)) as ws:
-        for i in range(n):
-            ws.send(json.dumps({"type": "push", "data": [f"f{i}"]}))
-            while (msg := json.loads(ws.recv(timeout=10)))["type"] != "push_ack":
-                assert msg["type"] != "error", msg
-            assert msg["data"]["dropped"] == 1, msg
+    and nothing reaches the engine. Up to `window` pushes are in flight at once (the server
+    sends a socket's events before reading its next push, so the flooder never lags itself)."""
+    with ws_connect(ws_url(server, sid), max_queue=None) as ws:
+        sent = acked = 0
+        while acked < n:
+            while sent < n and sent - acked < window:
+                ws.send(json.dumps({"type": "push", "data": [f"f{sent}"]}))
+                sent += 1
+            msg = json.loads(ws.recv(timeout=10))
+            assert msg["type"] != "error", msg
+            if msg["type"] == "push_ack":
+                assert msg["data"]["dropped"] == 1, msg
+                acked += 1
     return n
 
 
-def test_sse_reader_that_stops_reading_gets_lagged_then_the_end(qwen, janitor):
+def test_a_producer_that_pipelines_pushes_is_not_lagged_by_its_own_events(qwen, janitor):
+    """64 pushes in flight on one socket, which is also subscribed: every ack and every event
+    arrives, in order, and the socket stays open."""
     s = janitor.create(qwen, max_pending_bytes=1)
-    sock = slow_socket(qwen)
-    try:
-        sock.sendall(f"GET /v1/sessions/{s['id']}/events HTTP/1.1\r\nHost: vigil\r\n\r\n".encode())
-        time.sleep(0.2)  # subscribed (the response head is written at once)
-        flood_events(qwen, s["id"], FLOOD)
-        sock.settimeout(20)
-        raw = b""
-        while not raw.endswith(b"\r\n0\r\n\r\n"):  # the chunked body's end
+    n, window = 3000, 64
+    with ws_connect(ws_url(qwen, s["id"]), max_queue=None) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "connected"
+        sent, acks, events = 0, 0, []
+        while acks < n or len(events) < n:
+            while sent < n and sent - acks < window:
+                ws.send(json.dumps({"type": "push", "data": [f"p{sent}"]}))
+                sent += 1
+            msg = json.loads(ws.recv(timeout=10))
+            assert msg["type"] in ("push_ack", "dropped"), msg
+            if msg["type"] == "push_ack":
+                acks += 1
+            else:
+                events.append(msg["event_id"])
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "pong"
+    assert events == sorted(events) and len(set(events)) == n
+
+
+def sse_events_until_end(sock: socket.socket, flood: int) -> Optional[bytes]:
+    """The raw response until the chunked body's end; None when every one of `flood` events
+    arrived and the stream then went quiet: the buffers held them all, and nothing lagged."""
+    raw = b""
+    while not raw.endswith(b"\r\n0\r\n\r\n"):
+        all_sent = raw.count(b"event: ") >= flood + 1  # `connected` and the flood
+        sock.settimeout(3 if all_sent else 20)
+        try:
             chunk = sock.recv(1 << 16)
-            assert chunk, f"connection closed before the body ended: {raw[-300:]!r}"
-            raw += chunk
-    finally:
-        sock.close()
+        except socket.timeout:
+            if all_sent:
+                return None
+            raise
+        assert chunk, f"connection closed before the body ended: {raw[-300:]!r}"
+        raw += chunk
+    return raw
+
+
+def test_sse_reader_that_stops_reading_gets_lagged_then_the_end(qwen, janitor):
+    for flood in FLOODS:
+        s = janitor.create(qwen, max_pending_bytes=1)
+        sock = slow_socket(qwen)
+        try:
+            sock.sendall(f"GET /v1/sessions/{s['id']}/events HTTP/1.1\r\nHost: vigil\r\n\r\n".encode())
+            time.sleep(0.2)  # subscribed (the response head is written at once)
+            flood_events(qwen, s["id"], flood)
+            raw = sse_events_until_end(sock, flood)
+        finally:
+            sock.close()
+        if raw is not None:
+            break
+    assert raw is not None, f"a reader that stopped was sent all of {FLOODS[-1]} events, never lagged"
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head, head
     events = [line[len(b"event: "):].decode() for line in body.split(b"\n") if line.startswith(b"event: ")]
@@ -423,24 +473,41 @@ def test_sse_reader_that_stops_reading_gets_lagged_then_the_end(qwen, janitor):
     assert events[-1] == "lagged", events[-5:]
     assert events.count("lagged") == 1
     delivered = len(events) - 2
-    assert 0 < delivered < FLOOD, f"{delivered} events delivered of {FLOOD}: the reader was not cut off"
+    assert 0 < delivered < flood, f"{delivered} events delivered of {flood}: the reader was not cut off"
     missed = json.loads(body[body.rindex(b"data: ") + 6:].split(b"\n")[0])["missed"]
     assert missed > 0
     # Cut off, not stuck: the session has no stream attached any more and still serves.
     assert session_get(qwen, s["id"])["subscribers"] == 0
 
 
+def ws_kinds_until_close(ws, flood: int) -> Optional[list]:
+    """Event kinds until the server closes; None when every one of `flood` events arrived and
+    the socket then went quiet (the buffers held them all, and nothing lagged)."""
+    kinds: list = []
+    while True:
+        all_sent = len(kinds) >= flood + 1
+        try:
+            kinds.append(json.loads(ws.recv(timeout=3 if all_sent else 20))["type"])
+        except ConnectionClosed:
+            return kinds
+        except TimeoutError:
+            if all_sent:
+                return None
+            raise
+
+
 def test_ws_reader_that_stops_reading_gets_lagged_then_close(qwen, janitor):
-    s = janitor.create(qwen, max_pending_bytes=1)
-    kinds = []
-    with ws_connect(ws_url(qwen, s["id"]), sock=slow_socket(qwen), max_queue=1) as slow:
-        flood_events(qwen, s["id"], FLOOD)
-        with pytest.raises(ConnectionClosed):
-            while True:
-                kinds.append(json.loads(slow.recv(timeout=20))["type"])
+    for flood in FLOODS:
+        s = janitor.create(qwen, max_pending_bytes=1)
+        with ws_connect(ws_url(qwen, s["id"]), sock=slow_socket(qwen), max_queue=1) as slow:
+            flood_events(qwen, s["id"], flood)
+            kinds = ws_kinds_until_close(slow, flood)
+        if kinds is not None:
+            break
+    assert kinds is not None, f"a reader that stopped was sent all of {FLOODS[-1]} events, never lagged"
     assert kinds[0] == "connected", kinds[:3]
     assert kinds[-1] == "lagged", kinds[-5:]
-    assert 0 < len(kinds) - 2 < FLOOD, f"{len(kinds) - 2} events delivered of {FLOOD}"
+    assert 0 < len(kinds) - 2 < flood, f"{len(kinds) - 2} events delivered of {flood}"
     assert session_get(qwen, s["id"])["subscribers"] == 0
 
 

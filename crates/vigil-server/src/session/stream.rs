@@ -212,7 +212,20 @@ async fn serve_socket(state: SharedState, session: Arc<Session>, mut socket: Web
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
     let mut read_deadline = tokio::time::Instant::now() + WS_READ_TIMEOUT;
     loop {
+        // Events first: a client that pipelines pushes over this socket reads the events they
+        // cause before the server reads its next push, so its own pushes cannot put it more
+        // than the bus's capacity behind (an unbiased pick let a fast producer lag itself).
         let reply: Option<Message> = tokio::select! {
+            biased;
+            ev = rx.recv() => match ev {
+                Ok(ev) => Some(event_message(&ev)),
+                Err(RecvError::Lagged(n)) => {
+                    let _ = socket.send(envelope("lagged", json!({"missed": n}), None)).await;
+                    let _ = socket.send(Message::Close(None)).await;
+                    return;
+                }
+                Err(RecvError::Closed) => return,
+            },
             msg = socket.recv() => {
                 read_deadline = tokio::time::Instant::now() + WS_READ_TIMEOUT;
                 match msg {
@@ -240,15 +253,6 @@ async fn serve_socket(state: SharedState, session: Arc<Session>, mut socket: Web
                     Some(Ok(_)) => None,
                 }
             }
-            ev = rx.recv() => match ev {
-                Ok(ev) => Some(event_message(&ev)),
-                Err(RecvError::Lagged(n)) => {
-                    let _ = socket.send(envelope("lagged", json!({"missed": n}), None)).await;
-                    let _ = socket.send(Message::Close(None)).await;
-                    return;
-                }
-                Err(RecvError::Closed) => return,
-            },
             _ = ping.tick() => Some(Message::Ping(axum::body::Bytes::from_static(b"hb"))),
             _ = tokio::time::sleep_until(read_deadline) => {
                 let _ = socket.send(Message::Close(None)).await;
