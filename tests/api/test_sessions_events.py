@@ -392,45 +392,38 @@ def slow_socket(server) -> socket.socket:
     return sock
 
 
-def flood_events(server, sid: str, n: int, window: int = 64) -> int:
+def flood_events(server, sid: str, n: int, window: int = 64) -> list:
     """Publishes `n` events cheaply over a WebSocket that keeps up: in a session created with
     `max_pending_bytes=1` every entry overflows the queue, so each push is one `dropped` event
-    and nothing reaches the engine. Up to `window` pushes are in flight at once (the server
-    sends a socket's events before reading its next push, so the flooder never lags itself)."""
+    and nothing reaches the engine. Up to `window` pushes are in flight at once; the socket is
+    subscribed too, and the server sends its events before reading its next push, so it gets
+    every ack and every event, and stays open (a ping is answered at the end). Returns the ids
+    of the events it got, in arrival order."""
     with ws_connect(ws_url(server, sid), max_queue=None) as ws:
-        sent = acked = 0
-        while acked < n:
-            while sent < n and sent - acked < window:
+        assert json.loads(ws.recv(timeout=10))["type"] == "connected"
+        sent, acks, events = 0, 0, []
+        while acks < n or len(events) < n:
+            while sent < n and sent - acks < window:
                 ws.send(json.dumps({"type": "push", "data": [f"f{sent}"]}))
                 sent += 1
             msg = json.loads(ws.recv(timeout=10))
-            assert msg["type"] != "error", msg
+            assert msg["type"] in ("push_ack", "dropped"), msg
             if msg["type"] == "push_ack":
                 assert msg["data"]["dropped"] == 1, msg
-                acked += 1
-    return n
+                acks += 1
+            else:
+                events.append(msg["event_id"])
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "pong"
+    return events
 
 
 def test_a_producer_that_pipelines_pushes_is_not_lagged_by_its_own_events(qwen, janitor):
     """64 pushes in flight on one socket, which is also subscribed: every ack and every event
     arrives, in order, and the socket stays open."""
     s = janitor.create(qwen, max_pending_bytes=1)
-    n, window = 3000, 64
-    with ws_connect(ws_url(qwen, s["id"]), max_queue=None) as ws:
-        assert json.loads(ws.recv(timeout=10))["type"] == "connected"
-        sent, acks, events = 0, 0, []
-        while acks < n or len(events) < n:
-            while sent < n and sent - acks < window:
-                ws.send(json.dumps({"type": "push", "data": [f"p{sent}"]}))
-                sent += 1
-            msg = json.loads(ws.recv(timeout=10))
-            assert msg["type"] in ("push_ack", "dropped"), msg
-            if msg["type"] == "push_ack":
-                acks += 1
-            else:
-                events.append(msg["event_id"])
-        ws.send(json.dumps({"type": "ping"}))
-        assert json.loads(ws.recv(timeout=10))["type"] == "pong"
+    n = 3000
+    events = flood_events(qwen, s["id"], n)
     assert events == sorted(events) and len(set(events)) == n
 
 
