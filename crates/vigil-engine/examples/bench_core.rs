@@ -75,7 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let block_size = 16;
     let kv = KvCache::new(
         model.config.num_layers,
-        model.config.kv_dim(),
+        model.config.kv_shape(),
         ctx / block_size + 2,
         block_size,
         KvDtype::F16,

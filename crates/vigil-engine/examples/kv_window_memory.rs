@@ -50,7 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let num_blocks = tokens.div_ceil(block_size) + 2;
     let kv = KvCache::new(
         c.num_layers,
-        c.kv_dim(),
+        c.kv_shape(),
         num_blocks,
         block_size,
         KvDtype::F16,

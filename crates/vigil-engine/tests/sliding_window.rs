@@ -29,7 +29,7 @@ fn gemma(num_blocks: usize, block: usize, release: bool, config: SchedulerConfig
     };
     let model = vigil_model::load::load(&dir, &opts).unwrap().model;
     let c = &model.config;
-    let kv = KvCache::new(c.num_layers, c.kv_dim(), num_blocks, block, KvDtype::F32);
+    let kv = KvCache::new(c.num_layers, c.kv_shape(), num_blocks, block, KvDtype::F32);
     let mut e = LlmEngine::new(ModelRunner::new(model, kv), config);
     assert_eq!(e.pool.borrow().local_window(), Some(WINDOW));
     assert!(e.set_local_kv_release(release));

@@ -168,7 +168,7 @@ fn teacher_forced_top1_agrees_with_llamacpp() {
         let blocks = n.div_ceil(block_size);
         let mut kv = KvCache::new(
             model.config.num_layers,
-            model.config.kv_dim(),
+            model.config.kv_shape(),
             blocks,
             block_size,
             KvDtype::F16,
@@ -234,7 +234,7 @@ fn greedy_continuations_match_llamacpp() {
     let LoadedModel { model, .. } = load_smollm2(&path);
     let kv = KvCache::new(
         model.config.num_layers,
-        model.config.kv_dim(),
+        model.config.kv_shape(),
         64,
         16,
         KvDtype::F16,

@@ -6,7 +6,9 @@ use half::f16;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use vigil_kernels::attention::{key_index, paged_attention, write_kv, AttnSeq, AttnShape};
+use vigil_kernels::attention::{
+    key_index, paged_attention, value_index, write_kv, AttnSeq, AttnShape,
+};
 use vigil_kernels::pool::ThreadPool;
 
 /// One sequence's cached K/V (as f32, already rounded to f16) and its block table.
@@ -58,15 +60,7 @@ fn build(rng: &mut ChaCha8Rng, sh: AttnShape, lens: &[usize]) -> (Cache, Vec<Seq
         let slots: Vec<u32> = (0..len)
             .map(|p| table[p / sh.block_size] * sh.block_size as u32 + (p % sh.block_size) as u32)
             .collect();
-        write_kv(
-            &mut cache.k,
-            &mut cache.v,
-            &k,
-            &v,
-            &slots,
-            kv_dim,
-            sh.block_size,
-        );
+        write_kv(&mut cache.k, &mut cache.v, &k, &v, &slots, sh);
         seqs.push(Seq { k, v, table });
     }
     (cache, seqs)
@@ -250,9 +244,7 @@ fn sliding_window_never_uses_keys_before_it() {
             let slot = seqs[0].table[p / 16] as usize * 16 + p % 16;
             for c in 0..kv_dim {
                 cache.k[key_index(slot, c, kv_dim, 16)] = f16::NAN;
-            }
-            for x in &mut cache.v[slot * kv_dim..(slot + 1) * kv_dim] {
-                *x = f16::NAN;
+                cache.v[value_index(slot, c, d, kv_dim, 16)] = f16::NAN;
             }
         }
         let poisoned = run(&pool, sh, &cache, &seqs, &[(0, 300, &q)]);
@@ -322,7 +314,8 @@ fn per_key_ops(sh: AttnShape, cache: &Cache, seq: &Seq, len: usize, q: &[f32]) -
     let (q_dim, kv_dim) = (sh.num_heads * d, sh.num_kv_heads * d);
     let rows = q.len() / q_dim;
     let slot_of = |p: usize| seq.table[p / bs] as usize * bs + p % bs;
-    let row_of = |p: usize| slot_of(p) * kv_dim;
+    // The value row of key `p` for the KV head whose first element is `off`.
+    let row_of = |p: usize, off: usize| value_index(slot_of(p), off, d, kv_dim, bs);
     // The key's elements gathered from the cache's d-major block layout.
     let key = |p: usize, off: usize| -> Vec<f16> {
         (0..d)
@@ -345,7 +338,7 @@ fn per_key_ops(sh: AttnShape, cache: &Cache, seq: &Seq, len: usize, q: &[f32]) -
                 let (m, l) = exp_run_dispatched(&mut s);
                 let mut o_r = vec![0f32; d];
                 for (p, &w) in run.zip(&s) {
-                    f16::axpy_avx2(&mut o_r, w, &cache.v[row_of(p) + off..][..d]);
+                    f16::axpy_avx2(&mut o_r, w, &cache.v[row_of(p, off)..][..d]);
                 }
                 state.merge(o, m, l, Some(&o_r));
             }

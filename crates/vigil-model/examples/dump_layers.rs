@@ -51,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let blocks = n.div_ceil(block_size);
     let mut kv = KvCache::new(
         model.config.num_layers,
-        model.config.kv_dim(),
+        model.config.kv_shape(),
         blocks,
         block_size,
         KvDtype::F16,

@@ -106,6 +106,11 @@ impl ModelConfig {
         self.num_kv_heads * self.head_dim
     }
 
+    /// KV heads and their size, as `KvCache::new` takes them.
+    pub fn kv_shape(&self) -> (usize, usize) {
+        (self.num_kv_heads, self.head_dim)
+    }
+
     /// The factor of the attention scores `q · k`.
     pub fn attn_scale(&self) -> f32 {
         match self.query_pre_attn_scalar {

@@ -1,13 +1,13 @@
 //! The KV tensors: per layer, `num_blocks × block_size` slots of `kv_heads × head_dim` keys and
-//! values, values row-major and keys d-major within each block (the layout attention reads,
-//! `vigil_kernels::attention::key_index`). Which slots belong to whom is the engine's
+//! values, keys d-major and values head-major within each block (the layout attention reads,
+//! `vigil_kernels::attention::{key_index, value_index}`). Which slots belong to whom is the engine's
 //! `BlockPool`'s business, not this file's. Rows leave and enter this file (`read_rows`,
 //! `write_rows`) in slot order whatever the layout, so saved sessions do not depend on it.
 //! Each tensor is a [`KvBuf`]: memory is taken as rows are written, and the rows of blocks
 //! that no sliding-window layer will read again are given back (`release_blocks`).
 
 use half::f16;
-use vigil_kernels::attention::key_index;
+use vigil_kernels::attention::{key_index, value_index};
 
 use crate::kv_buf::{page_size, KvBuf};
 
@@ -36,17 +36,19 @@ pub struct KvCache {
     pub num_blocks: usize,
     pub block_size: usize,
     pub kv_dim: usize,
+    pub head_dim: usize,
     pub(crate) layers: KvLayers,
 }
 
 impl KvCache {
     pub fn new(
         num_layers: usize,
-        kv_dim: usize,
+        (kv_heads, head_dim): (usize, usize),
         num_blocks: usize,
         block_size: usize,
         dtype: KvDtype,
     ) -> Self {
+        let kv_dim = kv_heads * head_dim;
         let n = num_blocks * block_size * kv_dim;
         // Zeroed mappings: the OS maps pages on first write, so resident memory grows with
         // the blocks used, not the pool's size.
@@ -66,6 +68,7 @@ impl KvCache {
             num_blocks,
             block_size,
             kv_dim,
+            head_dim,
             layers,
         }
     }
@@ -161,8 +164,7 @@ impl KvCache {
         fn each<E: bytemuck::Pod>(
             layers: &[[KvBuf<E>; 2]],
             slots: &[usize],
-            d: usize,
-            bs: usize,
+            (d, hd, bs): (usize, usize, usize),
         ) -> Vec<u8> {
             let mut out = Vec::with_capacity(layers.len() * 2 * slots.len() * d * size_of::<E>());
             for [k, v] in layers {
@@ -173,14 +175,18 @@ impl KvCache {
                     }
                 }
                 for &s in slots {
-                    out.extend_from_slice(bytemuck::cast_slice(&v[s * d..(s + 1) * d]));
+                    for c in (0..d).step_by(hd) {
+                        let at = value_index(s, c, hd, d, bs);
+                        out.extend_from_slice(bytemuck::cast_slice(&v[at..at + hd]));
+                    }
                 }
             }
             out
         }
+        let shape = (self.kv_dim, self.head_dim, self.block_size);
         match &self.layers {
-            KvLayers::F16(l) => each(l, slots, self.kv_dim, self.block_size),
-            KvLayers::F32(l) => each(l, slots, self.kv_dim, self.block_size),
+            KvLayers::F16(l) => each(l, slots, shape),
+            KvLayers::F32(l) => each(l, slots, shape),
         }
     }
 
@@ -190,7 +196,7 @@ impl KvCache {
         fn each<E: bytemuck::Pod>(
             layers: &mut [[KvBuf<E>; 2]],
             slots: &[usize],
-            (d, bs): (usize, usize),
+            (d, hd, bs): (usize, usize, usize),
             bytes: &[u8],
         ) -> bool {
             let row = d * size_of::<E>();
@@ -206,13 +212,16 @@ impl KvCache {
                     }
                 }
                 for (&s, r) in slots.iter().zip(rows.by_ref()) {
-                    let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut v[s * d..(s + 1) * d]);
-                    dst.copy_from_slice(r);
+                    for (c, head) in (0..d).step_by(hd).zip(r.chunks_exact(hd * size_of::<E>())) {
+                        let at = value_index(s, c, hd, d, bs);
+                        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut v[at..at + hd]);
+                        dst.copy_from_slice(head);
+                    }
                 }
             }
             true
         }
-        let shape = (self.kv_dim, self.block_size);
+        let shape = (self.kv_dim, self.head_dim, self.block_size);
         match &mut self.layers {
             KvLayers::F16(l) => each(l, slots, shape, bytes),
             KvLayers::F32(l) => each(l, slots, shape, bytes),
@@ -227,8 +236,7 @@ impl KvCache {
             src: u32,
             dst: u32,
             n: usize,
-            d: usize,
-            bs: usize,
+            (d, hd, bs): (usize, usize, usize),
         ) {
             let (s, t) = (src as usize * bs * d, dst as usize * bs * d);
             for [k, v] in layers.iter_mut() {
@@ -236,13 +244,17 @@ impl KvCache {
                 for c in 0..d {
                     k.copy_within(s + c * bs..s + c * bs + n, t + c * bs);
                 }
-                v.copy_within(s..s + n * d, t);
+                // Values: the first `n` rows of each head's piece.
+                for h in (0..d).step_by(hd) {
+                    let at = h * bs;
+                    v.copy_within(s + at..s + at + n * hd, t + at);
+                }
             }
         }
-        let (d, bs) = (self.kv_dim, self.block_size);
+        let shape = (self.kv_dim, self.head_dim, self.block_size);
         match &mut self.layers {
-            KvLayers::F16(l) => each(l, src, dst, num_tokens, d, bs),
-            KvLayers::F32(l) => each(l, src, dst, num_tokens, d, bs),
+            KvLayers::F16(l) => each(l, src, dst, num_tokens, shape),
+            KvLayers::F32(l) => each(l, src, dst, num_tokens, shape),
         }
     }
 
@@ -258,7 +270,7 @@ impl KvCache {
         fn each<E: bytemuck::Pod>(
             layers: &mut [[KvBuf<E>; 2]],
             moves: &[(usize, usize)],
-            (d, bs): (usize, usize),
+            (d, hd, bs): (usize, usize, usize),
             to: impl Fn(E) -> f32,
             from: impl Fn(f32) -> E,
             rotate: &dyn Fn(usize, &mut [f32]),
@@ -274,14 +286,105 @@ impl KvCache {
                     for (c, r) in row.iter().enumerate() {
                         k[to_k + c * bs] = from(*r);
                     }
-                    v.copy_within(src * d..(src + 1) * d, dst * d);
+                    for c in (0..d).step_by(hd) {
+                        let from_v = value_index(src, c, hd, d, bs);
+                        v.copy_within(from_v..from_v + hd, value_index(dst, c, hd, d, bs));
+                    }
                 }
             }
         }
-        let shape = (self.kv_dim, self.block_size);
+        let shape = (self.kv_dim, self.head_dim, self.block_size);
         match &mut self.layers {
             KvLayers::F16(l) => each(l, moves, shape, f16::to_f32, f16::from_f32, &rotate),
             KvLayers::F32(l) => each(l, moves, shape, |x| x, |x| x, &rotate),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vigil_kernels::attention::{write_kv, AttnShape};
+
+    const HEADS: usize = 3;
+    const HEAD_DIM: usize = 4;
+    const BS: usize = 4;
+    const KV_DIM: usize = HEADS * HEAD_DIM;
+
+    fn shape() -> AttnShape {
+        AttnShape {
+            num_heads: HEADS,
+            num_kv_heads: HEADS,
+            head_dim: HEAD_DIM,
+            block_size: BS,
+            window: None,
+            scale: 1.0,
+        }
+    }
+
+    /// Token `t`'s key and value rows: distinct values everywhere.
+    fn rows(t: usize) -> (Vec<f32>, Vec<f32>) {
+        let k = (0..KV_DIM).map(|c| (t * 100 + c) as f32).collect();
+        let v = (0..KV_DIM).map(|c| -((t * 100 + c) as f32)).collect();
+        (k, v)
+    }
+
+    /// A 2-layer F32 cache with token `t` written by the attention kernels' own `write_kv`
+    /// into slot `slots[t]` of every layer.
+    fn cache_with(slots: &[usize]) -> KvCache {
+        let mut kv = KvCache::new(2, (HEADS, HEAD_DIM), 6, BS, KvDtype::F32);
+        let KvLayers::F32(layers) = &mut kv.layers else {
+            unreachable!()
+        };
+        for [k, v] in layers.iter_mut() {
+            for (t, &s) in slots.iter().enumerate() {
+                let (kr, vr) = rows(t);
+                write_kv(k, v, &kr, &vr, &[s as u32], shape());
+            }
+        }
+        kv
+    }
+
+    /// What `read_rows` should give for tokens `ts` in both layers: keys then values.
+    fn expected(ts: &[usize]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            for part in [0, 1] {
+                for &t in ts {
+                    let (k, v) = rows(t);
+                    out.extend_from_slice(bytemuck::cast_slice(if part == 0 { &k } else { &v }));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn rows_read_back_in_slot_order_as_attention_wrote_them() {
+        let slots = [5, 6, 13, 0];
+        let kv = cache_with(&slots);
+        assert_eq!(kv.read_rows(&slots), expected(&[0, 1, 2, 3]));
+        // And written back elsewhere, read back the same.
+        let mut other = KvCache::new(2, (HEADS, HEAD_DIM), 6, BS, KvDtype::F32);
+        assert!(other.write_rows(&[20, 21, 2, 9], &kv.read_rows(&slots)));
+        assert_eq!(other.read_rows(&[20, 21, 2, 9]), expected(&[0, 1, 2, 3]));
+        assert!(!other.write_rows(&[1], &[0u8; 3]));
+    }
+
+    #[test]
+    fn copy_block_copies_the_first_rows_of_every_head() {
+        // Block 1 holds tokens 0..4 in slots 4..8; block 3 holds token 4 in slot 15.
+        let mut kv = cache_with(&[4, 5, 6, 7, 15]);
+        kv.copy_block(1, 3, 3);
+        assert_eq!(kv.read_rows(&[12, 13, 14]), expected(&[0, 1, 2]));
+        // The destination's row past the copied ones is untouched.
+        assert_eq!(kv.read_rows(&[15]), expected(&[4]));
+    }
+
+    #[test]
+    fn moved_rows_carry_every_head_of_their_values() {
+        let mut kv = cache_with(&[1, 2, 9]);
+        kv.move_rows_rotating_keys(&[(9, 3), (2, 17)], |_, _| {});
+        assert_eq!(kv.read_rows(&[1, 17, 3]), expected(&[0, 1, 2]));
     }
 }

@@ -295,17 +295,8 @@ fn attend<E: KvElem + bytemuck::Pod>(
     seqs: &[AttnSeq],
     out: &mut [f32],
 ) {
-    let kv_dim = shape.num_kv_heads * shape.head_dim;
     let [k_cache, v_cache] = layer_kv;
-    write_kv(
-        k_cache,
-        v_cache,
-        k,
-        v,
-        &input.slot_mapping,
-        kv_dim,
-        shape.block_size,
-    );
+    write_kv(k_cache, v_cache, k, v, &input.slot_mapping, shape);
     paged_attention(pool, shape, q, k_cache, v_cache, seqs, out);
 }
 

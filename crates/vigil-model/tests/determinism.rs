@@ -41,7 +41,7 @@ fn run(
     let total_blocks: usize = prompts.iter().map(|p| p.len().div_ceil(BLOCK)).sum();
     let mut kv = KvCache::new(
         model.config.num_layers,
-        model.config.kv_dim(),
+        model.config.kv_shape(),
         total_blocks,
         BLOCK,
         kv_dtype,

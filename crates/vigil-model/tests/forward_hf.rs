@@ -65,7 +65,7 @@ fn run_prompt_chunked(model: &mut Model, ids: &[u32], kv_dtype: KvDtype, chunk: 
     let num_blocks = ids.len().div_ceil(block_size);
     let mut kv = KvCache::new(
         model.config.num_layers,
-        model.config.kv_dim(),
+        model.config.kv_shape(),
         num_blocks + 1,
         block_size,
         kv_dtype,

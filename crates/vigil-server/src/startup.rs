@@ -331,7 +331,7 @@ fn build_state(
         .is_some_and(|s| s.contains("enable_thinking") && s.contains("<think>"));
     let kv = KvCache::new(
         c.num_layers,
-        c.kv_dim(),
+        c.kv_shape(),
         num_blocks,
         opts.block_size,
         KvDtype::F16,
@@ -357,7 +357,7 @@ fn build_state(
             let c = &d.config;
             let kv = KvCache::new(
                 c.num_layers,
-                c.kv_dim(),
+                c.kv_shape(),
                 num_blocks,
                 block_size,
                 KvDtype::F16,

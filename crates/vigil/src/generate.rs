@@ -153,7 +153,7 @@ fn new_engine(model: Model, ctx: usize) -> vigil_engine::engine::LlmEngine {
     let num_blocks = ctx.div_ceil(block_size) + 1;
     let kv = vigil_model::kv_cache::KvCache::new(
         model.config.num_layers,
-        model.config.kv_dim(),
+        model.config.kv_shape(),
         num_blocks,
         block_size,
         vigil_model::kv_cache::KvDtype::F16,

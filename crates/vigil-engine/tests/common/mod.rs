@@ -25,7 +25,7 @@ pub fn tiny_engine(num_blocks: usize, config: SchedulerConfig, threads: usize) -
     let model = vigil_model::load::load(&dir, &opts).unwrap().model;
     let kv = KvCache::new(
         model.config.num_layers,
-        model.config.kv_dim(),
+        model.config.kv_shape(),
         num_blocks,
         BLOCK,
         KvDtype::F32,
@@ -46,7 +46,7 @@ pub fn attach_draft(engine: &mut LlmEngine, dir: &str, num_blocks: usize) {
     let mut model = vigil_model::load::load(&path, &opts).unwrap().model;
     model.share_pool(&engine.runner.model);
     let c = &model.config;
-    let kv = KvCache::new(c.num_layers, c.kv_dim(), num_blocks, BLOCK, KvDtype::F32);
+    let kv = KvCache::new(c.num_layers, c.kv_shape(), num_blocks, BLOCK, KvDtype::F32);
     engine.draft = Some(vigil_engine::speculative::DraftModel::new(model, kv));
 }
 

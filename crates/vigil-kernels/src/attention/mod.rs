@@ -3,7 +3,10 @@
 //!
 //! KV layout per layer, `block_size × kv_dim` elements a block (`kv_dim = kv_heads ×
 //! head_dim`, slot `block_id * block_size + offset`):
-//! - V rows: slot `s`'s values are `s * kv_dim ..` (row-major).
+//! - V rows: element `c` of slot `s`'s values is at `value_index(s, c, ..)`, head-major within
+//!   its block, so one KV head's values of a block are `block_size` rows of `head_dim` in one
+//!   contiguous piece (2 KiB for SmolLM2), as its keys are: a decode step streams each head's
+//!   K and V of a block as two runs instead of 16 rows a whole slot (all heads) apart.
 //! - K columns: element `c` of slot `s`'s key is at `key_index(s, c, ..)`, d-major within its
 //!   block, so one KV head's keys of a block are `head_dim` runs of `block_size` values: the
 //!   transposed tile the score kernel multiplies (one lane per key), read straight from the
@@ -93,6 +96,21 @@ macro_rules! forward_kernels {
 pub fn key_index(slot: usize, c: usize, kv_dim: usize, block_size: usize) -> usize {
     let (block, offset) = (slot / block_size, slot % block_size);
     block * block_size * kv_dim + c * block_size + offset
+}
+
+/// Where element `c` (of `kv_dim`) of the value in cache slot `slot` lives: head-major within
+/// its block, one head's `block_size` rows of `head_dim` together (see the module docs).
+#[inline]
+pub fn value_index(
+    slot: usize,
+    c: usize,
+    head_dim: usize,
+    kv_dim: usize,
+    block_size: usize,
+) -> usize {
+    let (block, offset) = (slot / block_size, slot % block_size);
+    let (head, e) = (c / head_dim, c % head_dim);
+    block * block_size * kv_dim + (head * block_size + offset) * head_dim + e
 }
 
 impl KvElem for f32 {
@@ -558,7 +576,8 @@ mod simd {
         let v = v.add(s);
         for j in 0..common {
             if j + VALUE_PREFETCH < common {
-                // The value rows of one KV head are short runs a row apart (see `scores_t`).
+                // A KV head's values are one piece a block, the next block's elsewhere (as its
+                // keys, `scores_t`): the hardware prefetcher barely ramps up within a piece.
                 let ahead = v.add(*rows.add(j + VALUE_PREFETCH)).cast::<u8>();
                 for line in (0..8 * C * size_of::<E>()).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
@@ -718,28 +737,28 @@ impl AttnShape {
 }
 
 /// Write K and V rows of the new tokens into their cache slots (K d-major within its block,
-/// `key_index`).
+/// `key_index`; V head-major, `value_index`).
 pub fn write_kv<E: KvElem>(
     k_cache: &mut [E],
     v_cache: &mut [E],
     k: &[f32],
     v: &[f32],
     slot_mapping: &[u32],
-    kv_dim: usize,
-    block_size: usize,
+    shape: AttnShape,
 ) {
+    let (d, bs) = (shape.head_dim, shape.block_size);
+    let kv_dim = shape.num_kv_heads * d;
     for (t, &slot) in slot_mapping.iter().enumerate() {
         let slot = slot as usize;
-        let first = key_index(slot, 0, kv_dim, block_size);
+        let first = key_index(slot, 0, kv_dim, bs);
         for (c, s) in k[t * kv_dim..(t + 1) * kv_dim].iter().enumerate() {
-            k_cache[first + c * block_size] = E::from_f32(*s);
+            k_cache[first + c * bs] = E::from_f32(*s);
         }
-        let dst = slot * kv_dim;
-        for (d, s) in v_cache[dst..dst + kv_dim]
-            .iter_mut()
-            .zip(&v[t * kv_dim..(t + 1) * kv_dim])
-        {
-            *d = E::from_f32(*s);
+        for (c0, head) in (0..kv_dim).step_by(d).zip(v[t * kv_dim..].chunks_exact(d)) {
+            let dst = value_index(slot, c0, d, kv_dim, bs);
+            for (x, s) in v_cache[dst..dst + d].iter_mut().zip(head) {
+                *x = E::from_f32(*s);
+            }
         }
     }
 }
@@ -870,11 +889,17 @@ impl<'a> TileGeometry<'a> {
             .map_or(0, |w| self.num_keys(row).saturating_sub(w))
     }
 
-    /// Offset of key `p`'s value row for this tile's KV head.
+    /// Offset of key `p`'s value row for this tile's KV head (`value_index`).
     fn key_row(&self, p: usize) -> usize {
         let slot =
             self.block_table[p / self.block_size] as usize * self.block_size + p % self.block_size;
-        slot * self.kv_dim + self.kv_head * self.d
+        value_index(
+            slot,
+            self.kv_head * self.d,
+            self.d,
+            self.kv_dim,
+            self.block_size,
+        )
     }
 
     /// Where element 0 of key `p` is for this tile's KV head; element `c` is `c * block_size`
@@ -892,7 +917,7 @@ impl<'a> TileGeometry<'a> {
         while p < p1 {
             let end = ((p / self.block_size + 1) * self.block_size).min(p1);
             let first = self.key_row(p);
-            out.extend((0..end - p).map(|i| first + i * self.kv_dim));
+            out.extend((0..end - p).map(|i| first + i * self.d));
             p = end;
         }
     }

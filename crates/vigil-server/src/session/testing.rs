@@ -30,7 +30,7 @@ pub fn tiny_deps_with(num_blocks: usize, config: SchedulerConfig) -> SessionDeps
     let model = loaded.model;
     let kv = KvCache::new(
         model.config.num_layers,
-        model.config.kv_dim(),
+        model.config.kv_shape(),
         num_blocks,
         4,
         KvDtype::F32,
