@@ -1,8 +1,9 @@
 #!/bin/bash
 # bench_serving_peers.sh without vLLM (not set up on this machine): Vigil and llama-server -np 8.
+# Usage: docs/results/serving-zen3-1204/run.sh [OUT_DIR] (default: this folder).
 cd /work/main
 L=/root/.cache/vigil-peers/llama.cpp-0.3.36-fb8356088412-noamx/bin
-O=docs/results/serving-zen3-1204; mkdir -p $O
+O=${1:-docs/results/serving-zen3-1204}; mkdir -p $O
 grep -m1 'model name' /proc/cpuinfo > "$O/cpu.txt"; grep -m1 '^flags' /proc/cpuinfo >> "$O/cpu.txt"
 V=target/release/vigil
 $V serve --model .cache/SmolLM2-135M-Instruct.Q4_1.gguf --port 18701 --threads 2 > "$O/vigil.log" 2>&1 &
