@@ -7,7 +7,7 @@
 //! that no sliding-window layer will read again are given back (`release_blocks`).
 
 use half::f16;
-use vigil_kernels::attention::{key_index, value_index};
+use vigil_kernels::attention::{key_index, value_pieces};
 
 use crate::kv_buf::{page_size, KvBuf};
 
@@ -175,9 +175,8 @@ impl KvCache {
                     }
                 }
                 for &s in slots {
-                    for c in (0..d).step_by(hd) {
-                        let at = value_index(s, c, hd, d, bs);
-                        out.extend_from_slice(bytemuck::cast_slice(&v[at..at + hd]));
+                    for piece in value_pieces(s, hd, d, bs) {
+                        out.extend_from_slice(bytemuck::cast_slice(&v[piece]));
                     }
                 }
             }
@@ -212,9 +211,9 @@ impl KvCache {
                     }
                 }
                 for (&s, r) in slots.iter().zip(rows.by_ref()) {
-                    for (c, head) in (0..d).step_by(hd).zip(r.chunks_exact(hd * size_of::<E>())) {
-                        let at = value_index(s, c, hd, d, bs);
-                        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut v[at..at + hd]);
+                    let heads = r.chunks_exact(hd * size_of::<E>());
+                    for (piece, head) in value_pieces(s, hd, d, bs).zip(heads) {
+                        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut v[piece]);
                         dst.copy_from_slice(head);
                     }
                 }
@@ -286,9 +285,10 @@ impl KvCache {
                     for (c, r) in row.iter().enumerate() {
                         k[to_k + c * bs] = from(*r);
                     }
-                    for c in (0..d).step_by(hd) {
-                        let from_v = value_index(src, c, hd, d, bs);
-                        v.copy_within(from_v..from_v + hd, value_index(dst, c, hd, d, bs));
+                    for (from_v, to_v) in
+                        value_pieces(src, hd, d, bs).zip(value_pieces(dst, hd, d, bs))
+                    {
+                        v.copy_within(from_v, to_v.start);
                     }
                 }
             }

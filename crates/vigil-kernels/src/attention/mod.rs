@@ -113,6 +113,20 @@ pub fn value_index(
     block * block_size * kv_dim + (head * block_size + offset) * head_dim + e
 }
 
+/// Where slot `slot`'s value row lives: one range of `head_dim` elements per KV head, in the
+/// row's order (`value_index`).
+pub fn value_pieces(
+    slot: usize,
+    head_dim: usize,
+    kv_dim: usize,
+    block_size: usize,
+) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..kv_dim).step_by(head_dim).map(move |c| {
+        let at = value_index(slot, c, head_dim, kv_dim, block_size);
+        at..at + head_dim
+    })
+}
+
 impl KvElem for f32 {
     fn from_f32(v: f32) -> Self {
         v
@@ -754,9 +768,9 @@ pub fn write_kv<E: KvElem>(
         for (c, s) in k[t * kv_dim..(t + 1) * kv_dim].iter().enumerate() {
             k_cache[first + c * bs] = E::from_f32(*s);
         }
-        for (c0, head) in (0..kv_dim).step_by(d).zip(v[t * kv_dim..].chunks_exact(d)) {
-            let dst = value_index(slot, c0, d, kv_dim, bs);
-            for (x, s) in v_cache[dst..dst + d].iter_mut().zip(head) {
+        let row = &v[t * kv_dim..(t + 1) * kv_dim];
+        for (piece, head) in value_pieces(slot, d, kv_dim, bs).zip(row.chunks_exact(d)) {
+            for (x, s) in v_cache[piece].iter_mut().zip(head) {
                 *x = E::from_f32(*s);
             }
         }
