@@ -2,7 +2,8 @@
 //! prefill over a `len`-token prompt, or with `decode` one query row after `len` tokens in each
 //! of 30 layers (the model's KV, 47 MB at 2,048 tokens, streamed from memory as in a decode
 //! step): `cargo run --release -p vigil-kernels --example attention_bench -- [len] [threads]
-//! [reps] [decode]`. Under callgrind use 1 thread, 1 rep.
+//! [reps] [decode]`. `LAYERS=N` sets the decode layers (30 by default; 1 at 256 tokens keeps the
+//! KV in L2, timing the kernels without DRAM's noise). Under callgrind use 1 thread, 1 rep.
 
 use half::f16;
 use std::time::Instant;
@@ -75,10 +76,14 @@ fn main() {
     );
 }
 
-/// One decode row per layer over `len` held tokens, 30 layers of KV in turn.
+/// One decode row per layer over `len` held tokens, 30 (or `LAYERS`) layers of KV in turn.
 fn decode(len: usize, threads: usize, reps: usize) {
     let shape = smollm2_shape();
-    let (q_dim, kv_dim, layers) = (9 * 64, 3 * 64, 30);
+    let (q_dim, kv_dim) = (9 * 64, 3 * 64);
+    let layers: usize = std::env::var("LAYERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
     let blocks = len.div_ceil(16);
     let layer_kv: Vec<(Vec<f16>, Vec<f16>)> = (0..layers)
         .map(|l| {
@@ -107,7 +112,7 @@ fn decode(len: usize, threads: usize, reps: usize) {
     times.sort_by(f64::total_cmp);
     let bytes = (layers * 2 * len * kv_dim * 2) as f64;
     println!(
-        "decode len={len} threads={threads}: median {:.3} ms per step ({} layers, min {:.3}), {:.1} GB/s of KV",
+        "decode len={len} threads={threads}: median {:.4} ms per step ({} layers, min {:.4}), {:.1} GB/s of KV",
         times[times.len() / 2] * 1e3,
         layers,
         times[0] * 1e3,

@@ -96,43 +96,48 @@ pub(super) fn attend_decode_runs<E: KvElem>(
         // end (blocks are whole in the cache), so score rows hold that much.
         let vbase = p0 / bs * bs;
         let row_len = p1.next_multiple_of(bs) - vbase;
+        let at = |h: usize| (run_base[task.si] + task.j) * shape.num_heads + h;
+        // One set of buffers per task, refilled for each KV head: a decode step runs
+        // hundreds of these tasks, and their allocations cost as much as a head's `exp`.
         let mut scores = vec![0f32; group * row_len];
-        let mut rows = Vec::with_capacity(p1 - p0);
+        // Every score row is reached through these pointers only, so the kernels' writes and
+        // the `exp` pass share one borrow of `scores`.
+        let sp = scores.as_mut_ptr();
+        let score_rows: Vec<*mut f32> = (0..group).map(|i| sp.wrapping_add(i * row_len)).collect();
+        let mut rows = Vec::with_capacity(row_len);
+        let mut key_vectors: Vec<(*const E, usize)> = Vec::with_capacity(row_len / lanes);
+        let mut q_ptrs = Vec::with_capacity(group);
+        let mut weights = Vec::with_capacity(group);
+        let mut outs = Vec::with_capacity(group);
+        let counts = vec![p1 - p0; group];
         for kv in task.kv_heads.clone() {
             let t = tile(task.si, kv);
             let g = TileGeometry::new(shape, &t);
-            let key_vectors: Vec<(*const E, usize)> = (vbase..vbase + row_len)
-                .step_by(lanes)
-                .map(|p| {
-                    let at = g.key_col(p - p % bs) + p % bs;
-                    assert!(at + (d - 1) * bs + lanes <= k_cache.len());
-                    // SAFETY: in bounds, just checked.
-                    (unsafe { k_cache.as_ptr().add(at) }, p - vbase)
-                })
-                .collect();
-            let q_ptrs: Vec<*const f32> = (t.heads.clone())
-                .map(|h| q[t.rows.start * q_dim + h * d..][..d].as_ptr())
-                .collect();
-            let score_rows: Vec<*mut f32> = (0..group)
-                .map(|i| scores[i * row_len..].as_mut_ptr())
-                .collect();
+            key_vectors.clear();
+            key_vectors.extend((vbase..vbase + row_len).step_by(lanes).map(|p| {
+                let at = g.key_col(p - p % bs) + p % bs;
+                assert!(at + (d - 1) * bs + lanes <= k_cache.len());
+                // SAFETY: in bounds, just checked.
+                (unsafe { k_cache.as_ptr().add(at) }, p - vbase)
+            }));
+            q_ptrs.clear();
+            q_ptrs
+                .extend((t.heads.clone()).map(|h| q[t.rows.start * q_dim + h * d..][..d].as_ptr()));
             // SAFETY: `applies` checked the features; the query rows have `d` elements; the
             // key vectors were bounds-checked above; each score row holds `row_len` floats.
             unsafe { E::scores_avx2(&q_ptrs, &key_vectors, bs, d, g.scale, &score_rows, wide) };
-            let at = |h: usize| (run_base[task.si] + task.j) * shape.num_heads + h;
-            let mut weights = Vec::with_capacity(group);
-            for (i, h) in t.heads.clone().enumerate() {
-                let s = &mut scores[i * row_len + (p0 - vbase)..i * row_len + (p1 - vbase)];
+            weights.clear();
+            for (&row, h) in score_rows.iter().zip(t.heads.clone()) {
+                // SAFETY: the keys `p0..p1` of a score row of `row_len` floats.
+                let s = unsafe { std::slice::from_raw_parts_mut(row.add(p0 - vbase), p1 - p0) };
                 // SAFETY: one task per (run, KV head), so each (run, head) slot is written once.
                 unsafe { *stats_ptr.get().add(at(h)) = runs::exp_run_dispatched(s) };
                 weights.push(s.as_ptr());
             }
             // SAFETY: as above; each head's values are `d` floats of its own slot.
-            let outs: Vec<*mut f32> = (t.heads.clone())
-                .map(|h| unsafe { partial_ptr.get().add(at(h) * d) })
-                .collect();
+            outs.clear();
+            outs.extend((t.heads.clone()).map(|h| unsafe { partial_ptr.get().add(at(h) * d) }));
             g.key_rows(p0, p1, &mut rows);
-            let counts = vec![p1 - p0; group];
             // SAFETY: each output has `d` zeroed floats, each weight row `p1 - p0`, and every
             // value row `d` elements (`key_rows`).
             unsafe { E::weighted_sums_avx2(&outs, &weights, &counts, v_cache, &rows, d, wide) };
