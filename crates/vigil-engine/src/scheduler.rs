@@ -17,7 +17,8 @@
 //! a step): under a saturated engine an ingest batch still lands in a bounded number of steps,
 //! and client requests give up only what the data plane needs. While session work is due the
 //! whole step may also be held to `session_step_budget` tokens, so the step a batch waits for
-//! and the step it lands in are short.
+//! and the step it lands in are short. While any running sequence decodes, the step is held to
+//! `decode_step_budget` tokens, so a decode token never waits for more prefill than that.
 //!
 //! Session work has seats of its own: `Foreground` sequences take at most `max_seqs` seats,
 //! and the lower classes may use `session_seats` more, so a server full of chat streams still
@@ -70,6 +71,11 @@ pub struct SchedulerConfig {
     /// engine. Client requests lose little throughput (a step's weights are read once
     /// either way; prefill chunks are still hundreds of tokens).
     pub session_step_budget: usize,
+    /// Tokens of a whole step while a running sequence decodes, when fewer than
+    /// `max_batched_tokens`: every decoding sequence's next token waits for the step's prefill
+    /// chunks, so shorter steps keep inter-token latency down under load, while a prompt with
+    /// nothing decoding beside it still prefills in whole steps (Sarathi-Serve's chunk bound).
+    pub decode_step_budget: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -86,6 +92,7 @@ impl Default for SchedulerConfig {
             session_seats: 2,
             session_chunk_tokens: 128,
             session_step_budget: usize::MAX,
+            decode_step_budget: usize::MAX,
         }
     }
 }
@@ -288,18 +295,25 @@ impl Scheduler {
         base.max(needed).min(most).min(remaining_all)
     }
 
-    /// The step's token budget: `session_step_budget` while session work is queued or
-    /// running, else `max_batched_tokens`.
+    /// The step's token budget: `max_batched_tokens`, held to `session_step_budget` while
+    /// session work is queued or running and to `decode_step_budget` (never below a token per
+    /// running sequence) while a running sequence decodes.
     fn step_tokens(&self, seqs: &HashMap<SeqId, Sequence>) -> usize {
-        let full = self.config.max_batched_tokens;
+        let mut step = self.config.max_batched_tokens;
         let session_work = (self.waiting.iter().chain(self.running.iter()))
             .filter_map(|id| seqs.get(id))
             .any(|s| matches!(s.effective_priority(), Priority::Flash | Priority::Ingest));
         if session_work {
-            full.min(self.config.session_step_budget.max(1))
-        } else {
-            full
+            step = step.min(self.config.session_step_budget.max(1));
         }
+        // A sequence whose prompt is computed has one token left: its next sampled one.
+        let decoding = (self.running.iter())
+            .filter_map(|id| seqs.get(id))
+            .any(|s| s.num_tokens() - s.num_computed_tokens <= 1);
+        if decoding {
+            step = step.min(self.config.decode_step_budget.max(self.running.len()));
+        }
+        step
     }
 
     /// Promote every waiting sequence that waited past the age bound.

@@ -133,6 +133,7 @@ fn churn(method: SpecMethod) {
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
         session_step_budget: usize::MAX,
+        decode_step_budget: usize::MAX,
     };
     let mut e = engine(32, config);
     e.spec.method = method;
@@ -289,6 +290,7 @@ fn background_arrivals_never_delay_foreground_tokens() {
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
         session_step_budget: usize::MAX,
+        decode_step_budget: usize::MAX,
     };
     let mut e = engine(24, config);
     let mut rng = Lcg(5);
@@ -366,6 +368,7 @@ fn low_finish_step(
         session_seats,
         session_chunk_tokens: usize::MAX,
         session_step_budget: usize::MAX,
+        decode_step_budget: usize::MAX,
     };
     let mut e = engine(32, config);
     let mut rng = Lcg(3);
@@ -434,6 +437,7 @@ fn a_flash_evaluation_runs_alone_before_the_ingest_prefill_goes_on() {
         session_seats: 2,
         session_chunk_tokens: usize::MAX,
         session_step_budget: usize::MAX,
+        decode_step_budget: usize::MAX,
     };
     let mut e = engine(64, config);
     let mut rng = Lcg(5);
@@ -506,6 +510,7 @@ fn preempted_sequence_readmits_from_its_committed_blocks() {
         session_seats: 0,
         session_chunk_tokens: usize::MAX,
         session_step_budget: usize::MAX,
+        decode_step_budget: usize::MAX,
     };
     let mut sched = Scheduler::new(config);
     let pool = SharedBlockPool::new(8, BLOCK);
@@ -829,6 +834,57 @@ fn while_session_work_is_due_the_whole_step_is_held_to_the_session_step_budget()
     e.take_finished(ingest).unwrap();
     let (full, _) = step_tokens(&mut e, &mut rng, &[]);
     assert_eq!(full, 128, "without session work the step is whole again");
+}
+
+#[test]
+fn while_a_request_decodes_the_whole_step_is_held_to_the_decode_step_budget() {
+    // Steps of 128 tokens, 48 while anything decodes: a 300-token prompt alone prefills in
+    // whole steps; once a short request decodes beside a second long prompt, no step computes
+    // more than 48 tokens, and the decoding request gets its token in every one of them.
+    let config = SchedulerConfig {
+        decode_step_budget: 48,
+        ..share_config(128, 0)
+    };
+    let mut e = engine(1024, config);
+    let mut rng = Lcg(43);
+    let tokens = |e: &LlmEngine| e.last_step.num_prefill_tokens + e.last_step.num_decode_tokens;
+    let alone = add(&mut e, rng.tokens(300), 1, Priority::Foreground);
+    step_keeping(&mut e, &[alone]);
+    assert_eq!(
+        tokens(&e),
+        128,
+        "a prompt with nothing decoding had the whole step"
+    );
+    while !step_keeping(&mut e, &[alone]).contains(&alone) {}
+    e.take_finished(alone).unwrap();
+
+    let chat = add(&mut e, rng.tokens(20), 12, Priority::Foreground);
+    step_keeping(&mut e, &[chat]);
+    let long = add(&mut e, rng.tokens(300), 1, Priority::Foreground);
+    let mut steps = 0;
+    loop {
+        let before = e.seqs[&chat].output_ids().len();
+        let ended = step_keeping(&mut e, &[chat, long]);
+        steps += 1;
+        assert!(
+            tokens(&e) <= 48,
+            "step {steps}: {} tokens beside a decode",
+            tokens(&e)
+        );
+        if ended.contains(&chat) {
+            break;
+        }
+        assert!(
+            e.seqs[&chat].output_ids().len() > before,
+            "step {steps}: no token"
+        );
+        assert!(steps < 20, "the decoding request never finished");
+    }
+    e.take_finished(chat).unwrap();
+    assert!(
+        e.seqs[&long].num_computed_tokens > 0,
+        "the long prompt advanced beside it"
+    );
 }
 
 /// A speculative draft never costs another sequence its blocks: when the draft's blocks are

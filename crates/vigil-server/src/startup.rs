@@ -38,6 +38,8 @@ pub struct EngineOptions {
     pub session_deadline_ms: u64,
     /// Tokens of a whole step while session work is due (at most `max_batched_tokens`).
     pub session_step_budget: usize,
+    /// Tokens of a whole step while a request decodes (at most `max_batched_tokens`).
+    pub decode_step_budget: usize,
     pub enable_prefix_cache: bool,
     /// Speculative decoding, server-wide (a request may choose its own method).
     pub speculative: vigil_engine::speculative::SpecConfig,
@@ -342,6 +344,7 @@ fn build_state(
         session_chunk_tokens: opts.session_chunk_tokens,
         session_deadline_ms: opts.session_deadline_ms,
         session_step_budget: opts.session_step_budget,
+        decode_step_budget: opts.decode_step_budget,
         max_seqs: config.max_seqs,
         enable_prefix_cache: opts.enable_prefix_cache,
         ..SchedulerConfig::default()

@@ -51,6 +51,12 @@ pub struct ServeArgs {
     /// sooner under a full engine.
     #[arg(long, default_value_t = 256)]
     session_step_budget: usize,
+    /// Tokens of a whole engine step while any request is decoding, if fewer than
+    /// --max-batched-tokens: each decode token waits for its step's prefill chunks, so shorter
+    /// steps keep inter-token latency down under load; a prompt with nothing decoding beside
+    /// it still prefills in whole steps.
+    #[arg(long, default_value_t = 256)]
+    decode_step_budget: usize,
     /// Speculative decoding: `suffix` (drafts from the longest earlier match of the text's
     /// end in the context, a session's history or a request's prediction), `ngram` (vLLM's
     /// prompt lookup), `draft:PATH` (a smaller model of the same vocabulary drafts greedily;
@@ -194,6 +200,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         session_chunk_tokens: args.session_chunk_tokens.max(1),
         session_deadline_ms: args.session_deadline_ms,
         session_step_budget: args.session_step_budget.max(1),
+        decode_step_budget: args.decode_step_budget.max(1),
         enable_prefix_cache: !args.no_prefix_cache,
         speculative: speculative_config(&args.speculative, args.speculative_max_draft)?,
         draft_model: args.speculative.strip_prefix("draft:").map(PathBuf::from),
