@@ -113,13 +113,7 @@ pub(super) fn attend_decode_runs<E: KvElem>(
         for kv in task.kv_heads.clone() {
             let t = tile(task.si, kv);
             let g = TileGeometry::new(shape, &t);
-            key_vectors.clear();
-            key_vectors.extend((vbase..vbase + row_len).step_by(lanes).map(|p| {
-                let at = g.key_col(p - p % bs) + p % bs;
-                assert!(at + (d - 1) * bs + lanes <= k_cache.len());
-                // SAFETY: in bounds, just checked.
-                (unsafe { k_cache.as_ptr().add(at) }, p - vbase)
-            }));
+            g.key_vectors(k_cache, (vbase, vbase + row_len), lanes, vbase, &mut key_vectors);
             q_ptrs.clear();
             q_ptrs
                 .extend((t.heads.clone()).map(|h| q[t.rows.start * q_dim + h * d..][..d].as_ptr()));

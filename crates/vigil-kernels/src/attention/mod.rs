@@ -925,25 +925,49 @@ impl<'a> TileGeometry<'a> {
             .map_or(0, |w| self.num_keys(row).saturating_sub(w))
     }
 
+    /// Where this tile's KV head's piece of the sequence's `b`-th cache block starts: its keys
+    /// in the key cache (`key_index`: d-major, `block_size` keys a row), its value rows in the
+    /// value cache (`value_index`). One table lookup, no division.
+    fn head_piece(&self, b: usize) -> usize {
+        (self.block_table[b] as usize * self.kv_dim + self.kv_head * self.d) * self.block_size
+    }
+
     /// Offset of key `p`'s value row for this tile's KV head (`value_index`).
     fn key_row(&self, p: usize) -> usize {
-        let slot =
-            self.block_table[p / self.block_size] as usize * self.block_size + p % self.block_size;
-        value_index(
-            slot,
-            self.kv_head * self.d,
-            self.d,
-            self.kv_dim,
-            self.block_size,
-        )
+        self.head_piece(p / self.block_size) + p % self.block_size * self.d
     }
 
     /// Where element 0 of key `p` is for this tile's KV head; element `c` is `c * block_size`
     /// further on (`key_index`).
     fn key_col(&self, p: usize) -> usize {
-        let slot =
-            self.block_table[p / self.block_size] as usize * self.block_size + p % self.block_size;
-        key_index(slot, self.kv_head * self.d, self.kv_dim, self.block_size)
+        self.head_piece(p / self.block_size) + p % self.block_size
+    }
+
+    /// Every vector of `lanes` keys of the cache blocks holding keys `p0..p1` (from `p0`'s
+    /// block's first key to `p1`'s block's end) into `out`: where its element 0 is in
+    /// `k_cache`, and its first key's position less `origin`. One table lookup per block.
+    ///
+    /// Panics if a block's piece is not within `k_cache`.
+    fn key_vectors<E>(
+        &self,
+        k_cache: &[E],
+        (p0, p1): (usize, usize),
+        lanes: usize,
+        origin: usize,
+        out: &mut Vec<(*const E, usize)>,
+    ) {
+        let bs = self.block_size;
+        out.clear();
+        for b in p0 / bs..p1.div_ceil(bs) {
+            let at = self.head_piece(b);
+            assert!(at + self.d * bs <= k_cache.len());
+            // SAFETY: the block's piece is in bounds, just checked.
+            let base = unsafe { k_cache.as_ptr().add(at) };
+            out.extend((0..bs).step_by(lanes).map(|o| {
+                // SAFETY: `o < bs`, within the piece.
+                (unsafe { base.add(o) }, b * bs + o - origin)
+            }));
+        }
     }
 
     /// `key_row` of keys `p0..p1` into `out`, one table lookup per cache block.
@@ -1065,16 +1089,8 @@ fn attend_tile_simd<'o, E: KvElem>(
         && d.is_multiple_of(16);
     let lanes = if wide { 16 } else { 8 };
     // Every vector of keys of the tile's blocks: where its element 0 is, and its first position.
-    let first_block = start / bs;
-    let key_vectors: Vec<(*const E, usize)> = (first_block * bs..stride)
-        .step_by(lanes)
-        .map(|p| {
-            let at = g.key_col(p - p % bs) + p % bs;
-            assert!(at + (d - 1) * bs + lanes <= k_cache.len());
-            // SAFETY: in bounds, just checked.
-            (unsafe { k_cache.as_ptr().add(at) }, p)
-        })
-        .collect();
+    let mut key_vectors = Vec::with_capacity((stride - start / bs * bs).div_ceil(lanes));
+    g.key_vectors(k_cache, (start, stride), lanes, 0, &mut key_vectors);
     let mut rows = Vec::with_capacity(RUN_KEYS);
     let mut ptrs: Vec<*mut f32> = Vec::with_capacity(nq);
     let mut weights: Vec<*const f32> = Vec::with_capacity(nq);
