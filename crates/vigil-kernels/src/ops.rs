@@ -23,8 +23,8 @@ pub fn rmsnorm_rows_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
 }
 
 thread_local! {
-    static ROPE_SIN_COS: std::cell::RefCell<Vec<(f32, f32)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    static ROPE_SIN_COS: std::cell::RefCell<RopeTable> =
+        const { std::cell::RefCell::new(RopeTable::new()) };
 }
 
 /// Rotate every head of `x` (`num_heads × head_dim`) by `pos`. `inv_freq` has `head_dim / 2`
@@ -42,29 +42,80 @@ pub fn rope_shift(x: &mut [f32], head_dim: usize, delta: i64, inv_freq: &[f32], 
 }
 
 fn rotate(x: &mut [f32], head_dim: usize, pos: f32, inv_freq: &[f32], interleaved: bool) {
-    let half = head_dim / 2;
     ROPE_SIN_COS.with(|cell| {
-        let mut sin_cos = cell.borrow_mut();
-        sin_cos.clear();
-        sin_cos.extend(
-            inv_freq
-                .iter()
-                .take(half)
-                .map(|&freq| (pos * freq).sin_cos()),
-        );
-        for head in x.chunks_exact_mut(head_dim) {
-            for (i, &(sin, cos)) in sin_cos.iter().enumerate() {
-                let (a, b) = if interleaved {
-                    (2 * i, 2 * i + 1)
-                } else {
-                    (i, i + half)
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x0 * sin + x1 * cos;
+        let mut table = cell.borrow_mut();
+        table.fill_angles([pos].into_iter(), inv_freq, head_dim);
+        table.rotate(0, x, head_dim, interleaved);
+    });
+}
+
+/// The sines and cosines of a step's rotary angles, one row of `head_dim / 2` per token
+/// position: computed once a step and shared by every layer and by q and k, where `rope`
+/// computes them again for each row it rotates. The same angles, so the same bits.
+#[derive(Debug, Default)]
+pub struct RopeTable {
+    /// Frequencies a row rotates (`min(head_dim / 2, inv_freq.len())`).
+    pairs: usize,
+    sin: Vec<f32>,
+    cos: Vec<f32>,
+}
+
+impl RopeTable {
+    pub const fn new() -> Self {
+        RopeTable {
+            pairs: 0,
+            sin: Vec::new(),
+            cos: Vec::new(),
+        }
+    }
+
+    /// The angles of token positions `positions` (row `r` of the table: `positions[r]`).
+    pub fn fill(&mut self, positions: &[u32], inv_freq: &[f32], head_dim: usize) {
+        self.fill_angles(positions.iter().map(|&p| p as f32), inv_freq, head_dim);
+    }
+
+    fn fill_angles(
+        &mut self,
+        positions: impl Iterator<Item = f32>,
+        inv_freq: &[f32],
+        head_dim: usize,
+    ) {
+        self.pairs = (head_dim / 2).min(inv_freq.len());
+        self.sin.clear();
+        self.cos.clear();
+        for pos in positions {
+            for &freq in &inv_freq[..self.pairs] {
+                let (sin, cos) = (pos * freq).sin_cos();
+                self.sin.push(sin);
+                self.cos.push(cos);
             }
         }
-    });
+    }
+
+    /// Rotate every head of `x` (`num_heads × head_dim`) by the angles of table row `row`,
+    /// pairing elements as `rope` does.
+    pub fn rotate(&self, row: usize, x: &mut [f32], head_dim: usize, interleaved: bool) {
+        let n = self.pairs;
+        let (sin, cos) = (&self.sin[row * n..][..n], &self.cos[row * n..][..n]);
+        let half = head_dim / 2;
+        for head in x.chunks_exact_mut(head_dim) {
+            if interleaved {
+                for (i, (&sin, &cos)) in sin.iter().zip(cos).enumerate() {
+                    let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+                    head[2 * i] = x0 * cos - x1 * sin;
+                    head[2 * i + 1] = x0 * sin + x1 * cos;
+                }
+            } else {
+                // Two disjoint halves, so the loop runs as vectors.
+                let (lo, hi) = head.split_at_mut(half);
+                for (((a, b), &sin), &cos) in lo.iter_mut().zip(hi.iter_mut()).zip(sin).zip(cos) {
+                    let (x0, x1) = (*a, *b);
+                    *a = x0 * cos - x1 * sin;
+                    *b = x0 * sin + x1 * cos;
+                }
+            }
+        }
+    }
 }
 
 /// `gate[i] = silu(gate[i]) * up[i]` (SwiGLU): the AVX2 path (8-lane `exp`, the one
@@ -183,6 +234,33 @@ mod tests {
                     let o = h * head_dim;
                     assert_eq!(got[o + a], head[a] * cos - head[b] * sin);
                     assert_eq!(got[o + b], head[a] * sin + head[b] * cos);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_table_row_rotates_as_rope_at_its_position() {
+        let (head_dim, heads) = (64, 3);
+        let positions = [0u32, 7, 1234, 40_000];
+        for pairs in [head_dim / 2, 8] {
+            let inv_freq: Vec<f32> = (0..pairs)
+                .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / head_dim as f32))
+                .collect();
+            let mut table = RopeTable::new();
+            table.fill(&positions, &inv_freq, head_dim);
+            for interleaved in [false, true] {
+                for (r, &pos) in positions.iter().enumerate() {
+                    let x = noise(head_dim * heads, r as u64 + 11);
+                    let (mut want, mut got) = (x.clone(), x.clone());
+                    rope(&mut want, head_dim, pos, &inv_freq, interleaved);
+                    table.rotate(r, &mut got, head_dim, interleaved);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "pos {pos} pairs {pairs}");
+                    if pairs < head_dim / 2 {
+                        // Elements past the rotated pairs keep their values.
+                        assert_eq!(got[head_dim / 2 - 1], x[head_dim / 2 - 1]);
+                    }
                 }
             }
         }

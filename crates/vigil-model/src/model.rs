@@ -13,8 +13,8 @@ use std::sync::Arc;
 use vigil_kernels::attention::{paged_attention, write_kv, AttnSeq, AttnShape, KvElem};
 use vigil_kernels::matmul::{matmul, matmul_group};
 use vigil_kernels::ops::{
-    add_inplace, gelu_tanh_mul_inplace, rmsnorm, rmsnorm_rows_inplace, rope, silu_mul_inplace,
-    softmax_inplace,
+    add_inplace, gelu_tanh_mul_inplace, rmsnorm, rmsnorm_rows_inplace, silu_mul_inplace,
+    softmax_inplace, RopeTable,
 };
 use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::quant::dequant::dequantize_row;
@@ -42,6 +42,9 @@ struct RunState {
     choice_out: Vec<f32>,
     sampled: Vec<f32>,
     logits: Vec<f32>,
+    /// The step's rotary angles: `[0]` with the global frequencies, `[1]` with the sliding
+    /// window layers' own (Gemma 3), when the model has them.
+    rope: [RopeTable; 2],
 }
 
 fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -145,11 +148,19 @@ impl Model {
             scale: c.attn_scale(),
         };
         let interleaved = c.rope_style == RopeStyle::Interleaved;
+        s.rope[0].fill(&input.positions, &w.rope_inv_freq, c.head_dim);
+        if let Some(local) = &w.rope_inv_freq_local {
+            s.rope[1].fill(&input.positions, local, c.head_dim);
+        }
 
         for (li, layer) in w.layers.iter().enumerate() {
             let window = c.layer_window(li);
             let shape = AttnShape { window, ..global };
-            let inv_freq = w.rope_inv_freq_for(window);
+            // The table of `w.rope_inv_freq_for(window)`.
+            let angles = match (&w.rope_inv_freq_local, window) {
+                (Some(_), Some(_)) => &s.rope[1],
+                _ => &s.rope[0],
+            };
             // Attention block.
             let xn = sized(&mut s.xn, t * h);
             norm_rows(pool, xn, &s.x[..t * h], &layer.attn_norm, c.rms_norm_eps);
@@ -163,14 +174,13 @@ impl Model {
                 (Some(qn), Some(kn)) => (Some(&qn[..]), Some(&kn[..])),
                 _ => (None, None),
             };
-            let positions = &input.positions;
             for (buf, width, norm) in [(&mut q[..], q_dim, qn), (&mut k[..], kv_dim, kn)] {
                 pool.for_row_chunks(buf, width, ROWS_PER_TASK, |r0, rows| {
-                    for (row, &pos) in rows.chunks_exact_mut(width).zip(&positions[r0..]) {
+                    for (i, row) in rows.chunks_exact_mut(width).enumerate() {
                         if let Some(norm) = norm {
                             rmsnorm_rows_inplace(row, norm, c.rms_norm_eps);
                         }
-                        rope(row, c.head_dim, pos, inv_freq, interleaved);
+                        angles.rotate(r0 + i, row, c.head_dim, interleaved);
                     }
                 });
             }

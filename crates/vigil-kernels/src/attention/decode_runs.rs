@@ -113,7 +113,13 @@ pub(super) fn attend_decode_runs<E: KvElem>(
         for kv in task.kv_heads.clone() {
             let t = tile(task.si, kv);
             let g = TileGeometry::new(shape, &t);
-            g.key_vectors(k_cache, (vbase, vbase + row_len), lanes, vbase, &mut key_vectors);
+            g.key_vectors(
+                k_cache,
+                (vbase, vbase + row_len),
+                lanes,
+                vbase,
+                &mut key_vectors,
+            );
             q_ptrs.clear();
             q_ptrs
                 .extend((t.heads.clone()).map(|h| q[t.rows.start * q_dim + h * d..][..d].as_ptr()));
