@@ -73,10 +73,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = loaded.model;
     let vocab = model.config.vocab_size as u64;
     let block_size = 16;
+    // At least 2 MiB a K or V tensor, as in the server (whose pool, `--kv-memory`, is 2 GiB
+    // by default): a tensor smaller than a huge page gets 4 KiB pages (`KvBuf`), and a
+    // decode step then spends ~10 % more on attention after 2,048 tokens. Memory is taken
+    // as rows are written, so the spare blocks cost nothing until used.
+    let (kv_heads, head_dim) = model.config.kv_shape();
+    let block_bytes = block_size * kv_heads * head_dim * 2; // f16
     let kv = KvCache::new(
         model.config.num_layers,
-        model.config.kv_shape(),
-        ctx / block_size + 2,
+        (kv_heads, head_dim),
+        (ctx / block_size + 2).max((2usize << 20).div_ceil(block_bytes)),
         block_size,
         KvDtype::F16,
     );

@@ -3,7 +3,8 @@
 //! of 30 layers (the model's KV, 47 MB at 2,048 tokens, streamed from memory as in a decode
 //! step): `cargo run --release -p vigil-kernels --example attention_bench -- [len] [threads]
 //! [reps] [decode]`. `LAYERS=N` sets the decode layers (30 by default; 1 at 256 tokens keeps the
-//! KV in L2, timing the kernels without DRAM's noise). Under callgrind use 1 thread, 1 rep.
+//! KV in L2, timing the kernels without DRAM's noise). The decode KV is in transparent huge
+//! pages, as the engine's; `HUGE=0` puts it in 4 KiB pages. Under callgrind use 1 thread, 1 rep.
 
 use half::f16;
 use std::time::Instant;
@@ -85,12 +86,19 @@ fn decode(len: usize, threads: usize, reps: usize) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
     let blocks = len.div_ceil(16);
-    let layer_kv: Vec<(Vec<f16>, Vec<f16>)> = (0..layers)
-        .map(|l| {
-            let x = f16::from_f32(0.001 * l as f32);
-            (vec![x; blocks * 16 * kv_dim], vec![x; blocks * 16 * kv_dim])
-        })
-        .collect();
+    let n = blocks * 16 * kv_dim;
+    // Every layer's K and V in one anonymous mapping in transparent huge pages, as the
+    // engine's KV cache asks for (`KvBuf`); `HUGE=0` leaves it in 4 KiB pages.
+    let mut map = memmap2::MmapMut::map_anon(2 * layers * n * 2).expect("mapping the KV");
+    if std::env::var("HUGE").map_or(true, |v| v != "0") {
+        map.advise(memmap2::Advice::HugePage).expect("madvise");
+    }
+    let all: &mut [f16] = bytemuck::cast_slice_mut(&mut map[..]);
+    for (l, kv) in all.chunks_exact_mut(2 * n).enumerate() {
+        kv.fill(f16::from_f32(0.001 * l as f32));
+    }
+    let layer_kv: Vec<(&[f16], &[f16])> =
+        all.chunks_exact(2 * n).map(|kv| kv.split_at(n)).collect();
     let q = vec![0.01f32; q_dim];
     let table: Vec<u32> = (0..blocks as u32).collect();
     let seqs = [AttnSeq {
