@@ -14,7 +14,7 @@
 //! the 8 scales side by side, so a block is 4 loads, 8 multiplies summed without any
 //! horizontal step (`IntDot::dot4_sum8`) and one scale load: about half the instructions of
 //! `tile`, whose shuffles and per-row scale gathers bound it below the DRAM rate. Two groups
-//! go through together (`tile_x8_pair`), so each activation dword is broadcast once per 16
+//! go through together (`tile_x8` with `G` = 2), so each activation dword is broadcast once per 16
 //! rows: one thread's pass over SmolLM2's layer in L2 takes 6–7 % less time on Zen 3.
 
 use super::avx2::{fold_block, prefetch_sweep, Avx2, Fmt32, IntDot};
@@ -126,69 +126,40 @@ unsafe fn fold_x8<F: Nibble32>(
     _mm256_add_ps(acc, t)
 }
 
-/// The 8 rows of one interleaved group (`g`: its `nb` blocks) against activation row `i`;
-/// lane `k` is row `k`. Per block, lane `k` gets row `k`'s exact integer dot (`Σ_h` of the
-/// low nibbles of dword `h` times the activation's bytes `4h..4h + 4`, and of the high
-/// nibbles times bytes `16 + 4h..`), then `super::acc_q8` / `super::acc_q4_1` in block
-/// order: the scalar path's bits. `prefetch`: bytes from `g` to the next group's blocks,
-/// swept by `prefetch_sweep` (0: none).
+/// The 8 rows of each of `G` adjacent interleaved groups (`g`: their `G * nb` blocks) against
+/// activation row `i`; lane `k` of result `[j]` is row `k` of group `j`. Per block, lane `k`
+/// gets its row's exact integer dot (`Σ_h` of the low nibbles of dword `h` times the
+/// activation's bytes `4h..4h + 4`, and of the high nibbles times bytes `16 + 4h..`), then
+/// `super::acc_q8` / `super::acc_q4_1` in block order: the scalar path's bits, whatever `G`.
+/// The groups share each activation block's broadcasts. `prefetch`: bytes from `g` to the
+/// blocks after the `G` groups, swept by `prefetch_sweep` (0: none).
 ///
 /// # Safety
 /// AVX2+F16C and `D`'s features (inlined into an entry point enabling them); `g` addresses
-/// `nb` blocks; the activation side arrays cover row `i`.
+/// `G * nb` blocks; the activation side arrays cover row `i`.
 #[inline(always)]
-pub unsafe fn tile_x8<D: IntDot, F: Nibble32>(
+pub unsafe fn tile_x8<D: IntDot, F: Nibble32, const G: usize>(
     g: *const F::X8,
     acts: &Acts32<F::A>,
     i: usize,
     prefetch: isize,
-) -> __m256 {
-    let (m, nb) = (acts.m, acts.nb);
-    let a = acts.blocks.as_ptr().add(i * nb);
-    let ahead = g.cast::<i8>().wrapping_offset(prefetch);
-    let mut acc = _mm256_setzero_ps();
-    for b in 0..nb {
-        if prefetch != 0 {
-            prefetch_sweep(ahead, b, std::mem::size_of::<F::X8>());
-        }
-        let x = &*g.add(b);
-        let s = broadcast_dwords(F::act_qs(&*a.add(b)).as_ptr());
-        let sumi = D::dot4_sum8(&split::<F>(x), &s);
-        let side = b * m + i;
-        let (dy, sy) = side_scales::<F>(acts, side);
-        acc = fold_x8::<F>(acc, sumi, x, acts, side, dy, sy);
-    }
-    acc
-}
-
-/// `tile_x8` for two adjacent groups at once (`g` and `g + nb`: 16 rows), sharing each
-/// activation block's broadcasts between them; the same operations per lane, so the same
-/// bits. `prefetch`: bytes from `g` to the blocks after both groups.
-///
-/// # Safety
-/// As `tile_x8`, with `g` addressing `2 * nb` blocks.
-#[inline(always)]
-pub unsafe fn tile_x8_pair<D: IntDot, F: Nibble32>(
-    g: *const F::X8,
-    acts: &Acts32<F::A>,
-    i: usize,
-    prefetch: isize,
-) -> [__m256; 2] {
+) -> [__m256; G] {
     let (m, nb) = (acts.m, acts.nb);
     let a = acts.blocks.as_ptr().add(i * nb);
     let step = std::mem::size_of::<F::X8>();
     let ahead = g.cast::<i8>().wrapping_offset(prefetch);
-    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut acc = [_mm256_setzero_ps(); G];
     for b in 0..nb {
         if prefetch != 0 {
-            prefetch_sweep(ahead, b, step);
-            prefetch_sweep(ahead.wrapping_add(nb * step), b, step);
+            for j in 0..G {
+                prefetch_sweep(ahead.wrapping_add(j * nb * step), b, step);
+            }
         }
         let s = broadcast_dwords(F::act_qs(&*a.add(b)).as_ptr());
         let side = b * m + i;
         let (dy, sy) = side_scales::<F>(acts, side);
-        for (k, acc) in acc.iter_mut().enumerate() {
-            let x = &*g.add(k * nb + b);
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let x = &*g.add(j * nb + b);
             let sumi = D::dot4_sum8(&split::<F>(x), &s);
             *acc = fold_x8::<F>(*acc, sumi, x, acts, side, dy, sy);
         }
@@ -253,7 +224,7 @@ pub unsafe fn rows_x8_with<D: IntDot, F: Nibble32>(
     while j0 + 8 < r1 {
         let g = w.as_ptr().add(j0 / 8 * nb);
         for i in 0..acts.m {
-            let acc = tile_x8_pair::<D, F>(g, acts, i, if i == 0 { 2 * next } else { 0 });
+            let acc = tile_x8::<D, F, 2>(g, acts, i, if i == 0 { 2 * next } else { 0 });
             store8(out.add(i * rows + j0), acc[0], 8);
             store8(out.add(i * rows + j0 + 8), acc[1], (r1 - j0 - 8).min(8));
         }
@@ -262,7 +233,7 @@ pub unsafe fn rows_x8_with<D: IntDot, F: Nibble32>(
     if j0 < r1 {
         let g = w.as_ptr().add(j0 / 8 * nb);
         for i in 0..acts.m {
-            let acc = tile_x8::<D, F>(g, acts, i, if i == 0 { next } else { 0 });
+            let [acc] = tile_x8::<D, F, 1>(g, acts, i, if i == 0 { next } else { 0 });
             store8(out.add(i * rows + j0), acc, (r1 - j0).min(8));
         }
     }
