@@ -685,6 +685,11 @@ fn keep_foreground_prefilling(e: &mut LlmEngine, rng: &mut Lcg) {
 }
 
 /// Steps the engine once, dropping every finished sequence but `keep`; whether `keep` ended.
+/// Tokens the engine's last step computed, prefill and decode.
+fn last_step_tokens(e: &LlmEngine) -> usize {
+    e.last_step.num_prefill_tokens + e.last_step.num_decode_tokens
+}
+
 fn step_keeping(e: &mut LlmEngine, keep: &[SeqId]) -> Vec<SeqId> {
     let outs = e.step().unwrap();
     e.check_invariants().unwrap();
@@ -784,7 +789,7 @@ fn the_session_share_is_never_more_than_the_session_work_can_use() {
         keep_foreground_prefilling(&mut e, &mut rng);
         let before = e.seqs[&flash].num_computed_tokens;
         assert!(step_keeping(&mut e, &[flash]).is_empty());
-        let all = e.last_step.num_prefill_tokens + e.last_step.num_decode_tokens;
+        let all = last_step_tokens(&e);
         assert_eq!(
             e.seqs[&flash].num_computed_tokens - before,
             1,
@@ -809,8 +814,7 @@ fn while_session_work_is_due_the_whole_step_is_held_to_the_session_step_budget()
     let step_tokens = |e: &mut LlmEngine, rng: &mut Lcg, keep: &[SeqId]| {
         keep_foreground_prefilling(e, rng);
         let ended = step_keeping(e, keep);
-        let t = e.last_step.num_prefill_tokens + e.last_step.num_decode_tokens;
-        (t, ended)
+        (last_step_tokens(e), ended)
     };
     let (full, _) = step_tokens(&mut e, &mut rng, &[]);
     assert_eq!(full, 128, "foreground alone had the whole step");
@@ -847,11 +851,10 @@ fn while_a_request_decodes_the_whole_step_is_held_to_the_decode_step_budget() {
     };
     let mut e = engine(1024, config);
     let mut rng = Lcg(43);
-    let tokens = |e: &LlmEngine| e.last_step.num_prefill_tokens + e.last_step.num_decode_tokens;
     let alone = add(&mut e, rng.tokens(300), 1, Priority::Foreground);
     step_keeping(&mut e, &[alone]);
     assert_eq!(
-        tokens(&e),
+        last_step_tokens(&e),
         128,
         "a prompt with nothing decoding had the whole step"
     );
@@ -867,9 +870,9 @@ fn while_a_request_decodes_the_whole_step_is_held_to_the_decode_step_budget() {
         let ended = step_keeping(&mut e, &[chat, long]);
         steps += 1;
         assert!(
-            tokens(&e) <= 48,
+            last_step_tokens(&e) <= 48,
             "step {steps}: {} tokens beside a decode",
-            tokens(&e)
+            last_step_tokens(&e)
         );
         if ended.contains(&chat) {
             break;

@@ -156,11 +156,7 @@ impl Model {
         for (li, layer) in w.layers.iter().enumerate() {
             let window = c.layer_window(li);
             let shape = AttnShape { window, ..global };
-            // The table of `w.rope_inv_freq_for(window)`.
-            let angles = match (&w.rope_inv_freq_local, window) {
-                (Some(_), Some(_)) => &s.rope[1],
-                _ => &s.rope[0],
-            };
+            let angles = &s.rope[usize::from(w.uses_local_rope(window))];
             // Attention block.
             let xn = sized(&mut s.xn, t * h);
             norm_rows(pool, xn, &s.x[..t * h], &layer.attn_norm, c.rms_norm_eps);

@@ -160,9 +160,15 @@ impl ModelWeights {
 
     /// The RoPE frequencies of a layer with this attention window.
     pub fn rope_inv_freq_for(&self, window: Option<usize>) -> &[f32] {
-        match (&self.rope_inv_freq_local, window) {
-            (Some(local), Some(_)) => local,
+        match &self.rope_inv_freq_local {
+            Some(local) if self.uses_local_rope(window) => local,
             _ => &self.rope_inv_freq,
         }
+    }
+
+    /// Whether a layer with this attention window rotates by the local frequencies (a
+    /// sliding-window layer of a model that has them, Gemma 3).
+    pub fn uses_local_rope(&self, window: Option<usize>) -> bool {
+        self.rope_inv_freq_local.is_some() && window.is_some()
     }
 }
