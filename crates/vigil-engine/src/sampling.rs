@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::speculative::SpecRequest;
+use vigil_kernels::ops::{exp_nonpos, sum_exp};
 
 /// Temperatures below this are treated as greedy (as vLLM does).
 pub const MIN_TEMPERATURE: f32 = 1e-5;
@@ -157,8 +158,6 @@ pub struct Sampler {
     counts: Vec<u32>,
     /// (scaled logit, id) candidates.
     cand: Vec<(f32, u32)>,
-    /// Unnormalized probabilities of a row.
-    weights: Vec<f32>,
 }
 
 /// Descending by value, ties by ascending id: the one order used everywhere for determinism.
@@ -178,7 +177,6 @@ impl Sampler {
             stamp: 0,
             counts: Vec::new(),
             cand: Vec::new(),
-            weights: Vec::new(),
         }
     }
 
@@ -200,7 +198,7 @@ impl Sampler {
         self.apply_penalties(logits, params, prompt_ids, output_ids);
 
         let (max, max_id) = argmax(logits);
-        let log_z = log_sum_exp(logits, max, &mut self.weights);
+        let log_z = log_sum_exp(logits, max);
         let token = if params.is_greedy() || max == f32::NEG_INFINITY {
             max_id
         } else {
@@ -335,33 +333,6 @@ fn weight(logit: f32, max: f32) -> f64 {
     exp_nonpos(logit - max) as f64
 }
 
-/// `e^x` for `x <= 0` to about 2 ulp, and exactly 0 below `-87` (so `-inf` bans stay banned).
-/// Cephes' `expf` without branches or libm calls, so loops over a vocabulary row vectorize:
-/// several times cheaper than `f32::exp` over 150k logits.
-#[inline]
-fn exp_nonpos(x: f32) -> f32 {
-    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = x.clamp(-87.0, 0.0);
-    let shifted = xc * std::f32::consts::LOG2_E + ROUND;
-    let n = shifted - ROUND;
-    // Wrapping ops: no overflow-check branches to stop vectorization (n is in [-126, 0]).
-    let n_int = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
-    let r = xc - n * 0.693_359_4 + n * 2.121_944_4e-4; // ln 2 split in two for precision
-    let mut p = 1.987_569_1e-4_f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    let scale = f32::from_bits((n_int.wrapping_add(127) as u32) << 23);
-    if x < -87.0 {
-        0.0
-    } else {
-        y * scale
-    }
-}
-
 /// Top-p without sorting: reorders `cand` so its first `k` entries are its `k` largest (in
 /// [`desc`] order, so ties go to lower ids) for the smallest `k` whose [`weight`]s reach
 /// `target`, and returns `k` (at least 1). A bisection of `select_nth_unstable` partitions:
@@ -385,51 +356,99 @@ fn top_p_head(cand: &mut [(f32, u32)], max: f32, target: f64) -> usize {
 
 /// The maximum and the lowest id holding it.
 fn argmax(logits: &[f32]) -> (f32, u32) {
-    let mut best = (logits[0], 0u32);
-    for (i, &l) in logits.iter().enumerate().skip(1) {
-        if l > best.0 {
-            best = (l, i as u32);
+    // The maximum in 8 running lanes (a vectorized compare-and-select; a NaN never wins, as
+    // in one pass with `>`), then its first index: the lowest id among ties.
+    let first = logits[0];
+    let mut lanes = [first; 8];
+    let chunks = logits.chunks_exact(8);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (m, &l) in lanes.iter_mut().zip(chunk) {
+            if l > *m {
+                *m = l;
+            }
         }
     }
-    best
+    let max = (lanes.iter().chain(tail)).fold(first, |m, &l| if l > m { l } else { m });
+    if max.partial_cmp(&first) != Some(Ordering::Greater) {
+        return (first, 0);
+    }
+    let id = logits.iter().position(|&l| l == max).unwrap_or(0);
+    (logits[id], id as u32)
 }
 
-/// `ln(sum(exp(logits)))` given the row's maximum, using `scratch` so the exponentials run as
-/// one vectorized map and the sum as eight vectorized lanes.
-fn log_sum_exp(logits: &[f32], max: f32, scratch: &mut Vec<f32>) -> f32 {
+/// `ln(sum(exp(logits)))` given the row's maximum (`ops::sum_exp`: SIMD where the CPU has it).
+fn log_sum_exp(logits: &[f32], max: f32) -> f32 {
     if max == f32::NEG_INFINITY {
         return max;
     }
-    scratch.clear();
-    scratch.extend(logits.iter().map(|&l| exp_nonpos(l - max)));
-    let mut lanes = [0f32; 8];
-    let chunks = scratch.chunks_exact(8);
-    let tail: f32 = chunks.remainder().iter().sum();
-    for chunk in chunks {
-        for (acc, &w) in lanes.iter_mut().zip(chunk) {
-            *acc += w;
-        }
-    }
-    let sum: f64 = lanes.iter().map(|&v| v as f64).sum::<f64>() + tail as f64;
-    max + sum.ln() as f32
+    max + sum_exp(logits, max).ln() as f32
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The lane-wise argmax against one pass with `>`: ties (lowest id), NaNs (never win
+    /// unless first), infinities, and rows shorter than a lane group.
     #[test]
-    fn exp_nonpos_matches_exp() {
-        let mut worst = 0f64;
-        for i in 0..=1_000_000 {
-            let x = -87.0 * i as f32 / 1_000_000.0;
-            let want = (x as f64).exp();
-            worst = worst.max((exp_nonpos(x) as f64 - want).abs() / want);
+    fn argmax_matches_a_single_pass() {
+        fn one_pass(logits: &[f32]) -> (f32, u32) {
+            let mut best = (logits[0], 0u32);
+            for (i, &l) in logits.iter().enumerate().skip(1) {
+                if l > best.0 {
+                    best = (l, i as u32);
+                }
+            }
+            best
         }
-        assert!(worst < 3e-7, "worst relative error {worst}");
-        assert_eq!(exp_nonpos(0.0), 1.0);
-        assert_eq!(exp_nonpos(-100.0), 0.0);
-        assert_eq!(exp_nonpos(f32::NEG_INFINITY), 0.0);
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for len in [1usize, 3, 8, 9, 17, 100, 49_152] {
+            for case in 0..6 {
+                // Few distinct values, so ties are common.
+                let mut row: Vec<f32> = (0..len)
+                    .map(|_| (rng.random::<u32>() % 7) as f32 - 3.0)
+                    .collect();
+                let at = rng.random::<u32>() as usize % len;
+                match case {
+                    1 => row[at] = f32::NAN,
+                    2 => row[0] = f32::NAN,
+                    3 => row[at] = f32::INFINITY,
+                    4 => row.iter_mut().for_each(|l| *l = f32::NEG_INFINITY),
+                    5 => {
+                        row.iter_mut().for_each(|l| *l = l.min(0.0));
+                        row[at] = -0.0;
+                    }
+                    _ => {}
+                }
+                let (want, got) = (one_pass(&row), argmax(&row));
+                assert_eq!(want.1, got.1, "len {len}, case {case}");
+                assert_eq!(want.0.to_bits(), got.0.to_bits(), "len {len}, case {case}");
+            }
+        }
+    }
+
+    /// `log_sum_exp` against f64 on ragged rows.
+    #[test]
+    fn log_sum_exp_matches_f64() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for len in [1usize, 7, 8, 9, 1000, 49_152] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| rng.random::<f32>() * 60.0 - 30.0)
+                .collect();
+            let (max, _) = argmax(&row);
+            let got = log_sum_exp(&row, max);
+            let exact = max as f64
+                + row
+                    .iter()
+                    .map(|&l| ((l - max) as f64).exp())
+                    .sum::<f64>()
+                    .ln();
+            assert!(
+                (got as f64 - exact).abs() < 1e-5,
+                "len {len}: {got} vs {exact}"
+            );
+        }
     }
 
     /// Top-p over a large random row: the bisection must keep exactly the tokens a full

@@ -4,7 +4,8 @@
 //! `format` picks the weights and the model whose shapes they take: `q4_1` (the default) and
 //! `q4_0` time SmolLM2-135M's q, k, v, o, gate, up and down (`q4_1x8`, `q4_0x8`: interleaved
 //! as the loader stores them); `q8_0`, `bf16`, `f16` and `f32`
-//! time Qwen3-0.6B's distinct projection shapes; `q4_k` and `q6_k` Gemma 3 270M's k-quant ones
+//! time Qwen3-0.6B's distinct projection shapes; `q8_0_output` SmolLM2's Q8_0 output
+//! projection (`q8_0_outputx8` interleaved); `q4_k` and `q6_k` Gemma 3 270M's k-quant ones
 //! (its Q4_K_M file's attention output and down projection). Random weights and activations; prints the
 //! best time and GFLOP/s (2 · m · rows · cols) per shape and for the layer. Under `valgrind
 //! --tool=callgrind` use 1 thread and 1 rep for instruction counts.
@@ -30,6 +31,10 @@ const SMOLLM2: [(usize, usize); 7] = [
 
 /// Qwen3-0.6B (hidden 1024, intermediate 3072): attention output / q, MLP gate and up, MLP down.
 const QWEN3_0_6B: [(usize, usize); 3] = [(1024, 1024), (3072, 1024), (1024, 3072)];
+
+/// SmolLM2-135M's output projection (vocabulary 49,152 × hidden 576): its Q8_0 token
+/// embedding, tied.
+const SMOLLM2_OUTPUT: [(usize, usize); 1] = [(49152, 576)];
 
 /// Gemma 3 270M (hidden 640, 4 heads of 256, intermediate 2048): attention output and MLP
 /// down, the projections its Q4_K_M file stores as Q4_K / Q6_K (the others' 640 columns are
@@ -125,6 +130,7 @@ fn main() {
         "q4_1" => (DType::Q4_1, &SMOLLM2),
         "q4_0" => (DType::Q4_0, &SMOLLM2),
         "q8_0" => (DType::Q8_0, &QWEN3_0_6B),
+        "q8_0_output" => (DType::Q8_0, &SMOLLM2_OUTPUT),
         "bf16" => (DType::BF16, &QWEN3_0_6B),
         "f16" => (DType::F16, &QWEN3_0_6B),
         "f32" => (DType::F32, &QWEN3_0_6B),
@@ -132,7 +138,7 @@ fn main() {
         "q6_k" => (DType::Q6K, &GEMMA3_270M_K),
         other => {
             eprintln!(
-                "format {other:?}: expected q4_1, q4_0 (x8: interleaved), q8_0, q4_k, q6_k, bf16, f16 or f32"
+                "format {other:?}: expected q4_1, q4_0 (x8: interleaved), q8_0, q8_0_output, q4_k, q6_k, bf16, f16 or f32"
             );
             std::process::exit(2);
         }

@@ -41,6 +41,28 @@ pub(crate) mod avx2 {
         _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(n)))
     }
 
+    /// `Σ e^(x_i - max)` with `exp8` in 8 lanes, the lanes summed in f64 at the end; the
+    /// tail goes through a copy padded with `-inf` (whose `exp8` is 0).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn sum_exp(x: &[f32], max: f32) -> f64 {
+        let m = _mm256_set1_ps(max);
+        let full = x.len() / 8 * 8;
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..full).step_by(8) {
+            let v = _mm256_loadu_ps(x.as_ptr().add(i));
+            acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(v, m)));
+        }
+        if full < x.len() {
+            let mut t = [f32::NEG_INFINITY; 8];
+            t[..x.len() - full].copy_from_slice(&x[full..]);
+            let v = _mm256_loadu_ps(t.as_ptr());
+            acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(v, m)));
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        lanes.iter().map(|&l| l as f64).sum()
+    }
+
     /// `gate[i] = silu(gate[i]) * up[i]` with `exp8`; the tail goes through a zero-padded
     /// 8-lane copy so every element takes the same operations. Lengths must match.
     #[target_feature(enable = "avx2,fma,f16c")]
