@@ -13,7 +13,10 @@ version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 cache=${LLAMACPP_CACHE:-$HOME/.cache/vigil-peers}
 python=${PYTHON:-python3}
 flags_key=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)
-dir="$cache/llama.cpp-$version-$flags_key-noamx"
+# LLAMACPP_AMX=1 builds with AMX where the CPU lists it (see below); the default leaves it off.
+amx=${LLAMACPP_AMX:-0}
+if [ "$amx" = 1 ]; then variant=amx; else variant=noamx; fi
+dir="$cache/llama.cpp-$version-$flags_key-$variant"
 targets=(llama-bench llama-server llama-quantize llama-perplexity)
 done_all() { for t in "${targets[@]}"; do [ -x "$dir/bin/$t" ] || return 1; done; }
 if done_all; then
@@ -37,10 +40,13 @@ src="$work/llama_cpp_python-$version/vendor/llama.cpp"
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 echo "setup_llamacpp: building ${targets[*]} natively ($(nproc) jobs)" >&2
-# AMX stays off even where /proc/cpuinfo lists it: on the Xeon VMs here its tile path faults
-# (ggml_backend_amx_mul_mat, general protection fault) on every matmul; Vigil has no AMX path
-# either, so both run AVX-512 VNNI. Explicit -mno-* flags win over what -march=native implies.
+# AMX stays off by default even where /proc/cpuinfo lists it: on the Xeon VMs here its tile
+# path faults on every matmul (general protection fault at the `ldtilecfg` in
+# ggml_backend_amx_mul_mat), even on a VM that grants the tile state to a test program
+# (docs/benchmarks.md, 2026-12-05). LLAMACPP_AMX=1 builds it with AMX, to check again on
+# another machine. Explicit -mno-* flags win over what -march=native implies.
 noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+[ "$amx" = 1 ] && noamx=""
 cmake -S "$src" -B "$work/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
   -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" \
   -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF >&2
