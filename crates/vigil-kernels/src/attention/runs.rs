@@ -78,7 +78,11 @@ impl RunState {
 /// the AVX2 path's (vector `exp`, 8-lane sum) when available, else a scalar loop. Public so
 /// tests can rebuild a query's output from the per-key operations.
 pub fn exp_run_dispatched(x: &mut [f32]) -> (f32, f32) {
-    if crate::cpu::features().avx2_fma_f16c {
+    let cpu = crate::cpu::features();
+    if cpu.has(crate::cpu::Isa::Avx512) {
+        // SAFETY: the features were just checked.
+        unsafe { super::simd::exp_run16(x) }
+    } else if cpu.avx2_fma_f16c {
         // SAFETY: the features were just checked.
         unsafe { super::simd::exp_run(x) }
     } else {
@@ -108,6 +112,35 @@ mod tests {
         assert_eq!(r, vec![300..512, 512..513]);
         assert_eq!(runs(5, 5).count(), 0);
         assert_eq!(runs(0, 1).collect::<Vec<_>>(), vec![0..1]);
+    }
+
+    /// The AVX-512 run (`exp16`) gives the AVX2 run's bits: values, max and sum, at every
+    /// length around its 16- and 8-lane steps.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp_run16_equals_exp_run() {
+        use crate::cpu::{features, Isa};
+        if !features().has(Isa::Avx512) {
+            eprintln!("skipped: CPU lacks avx512");
+            return;
+        }
+        for n in (0..70).chain([255, 256, 257, 263, 512]) {
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 0.037 + (i % 3) as f32 * 1e-3)
+                .collect();
+            let (mut a, mut b) = (x.clone(), x);
+            // SAFETY: AVX-512 F (and so AVX2, FMA, F16C) checked above.
+            let (ra, rb) = unsafe {
+                (
+                    super::super::simd::exp_run(&mut a),
+                    super::super::simd::exp_run16(&mut b),
+                )
+            };
+            assert_eq!(ra.0.to_bits(), rb.0.to_bits(), "max, n = {n}");
+            assert_eq!(ra.1.to_bits(), rb.1.to_bits(), "sum, n = {n}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "values, n = {n}");
+        }
     }
 
     #[test]
