@@ -1,28 +1,124 @@
 //! Element-wise math in SIMD lanes shared by several kernels: `exp` (attention's softmax,
 //! SwiGLU) and the SwiGLU built on it.
 
+/// Cephes `expf` written once over a vector type, so `exp8` and `exp16` are the same
+/// operations lane for lane and give the same bits.
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512 {
+mod cephes {
     use std::arch::x86_64::*;
 
-    /// `avx2::exp8` in 16 lanes: the same operations lane for lane (floor as a round toward
-    /// -inf, the same constants and FMAs), so each lane gives `exp8`'s bits.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-    pub fn exp16(x: __m512) -> __m512 {
-        let x = _mm512_max_ps(
-            _mm512_min_ps(x, _mm512_set1_ps(88.376_26)),
-            _mm512_set1_ps(-88.376_26),
-        );
-        let fx = _mm512_fmadd_ps(
-            x,
-            _mm512_set1_ps(std::f32::consts::LOG2_E),
-            _mm512_set1_ps(0.5),
-        );
-        let fx = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(fx);
-        let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693_359_4), x);
-        let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let mut y = _mm512_set1_ps(1.987_569_1e-4);
+    /// The lane operations `exp` takes. Implementations are `#[inline(always)]`, so they are
+    /// compiled with the features of the entry point that inlines them.
+    pub trait Lanes: Copy {
+        unsafe fn splat(v: f32) -> Self;
+        unsafe fn min(self, b: Self) -> Self;
+        unsafe fn max(self, b: Self) -> Self;
+        /// `self * b + c`.
+        unsafe fn fmadd(self, b: Self, c: Self) -> Self;
+        /// `-(self * b) + c`.
+        unsafe fn fnmadd(self, b: Self, c: Self) -> Self;
+        unsafe fn floor(self) -> Self;
+        unsafe fn mul(self, b: Self) -> Self;
+        unsafe fn add(self, b: Self) -> Self;
+        /// `2^self` for integral lanes in range: the exponent field built from `self + 127`.
+        unsafe fn pow2(self) -> Self;
+    }
+
+    impl Lanes for __m256 {
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            _mm256_set1_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn min(self, b: Self) -> Self {
+            _mm256_min_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn max(self, b: Self) -> Self {
+            _mm256_max_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn fmadd(self, b: Self, c: Self) -> Self {
+            _mm256_fmadd_ps(self, b, c)
+        }
+        #[inline(always)]
+        unsafe fn fnmadd(self, b: Self, c: Self) -> Self {
+            _mm256_fnmadd_ps(self, b, c)
+        }
+        #[inline(always)]
+        unsafe fn floor(self) -> Self {
+            _mm256_floor_ps(self)
+        }
+        #[inline(always)]
+        unsafe fn mul(self, b: Self) -> Self {
+            _mm256_mul_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn add(self, b: Self) -> Self {
+            _mm256_add_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn pow2(self) -> Self {
+            let n = _mm256_add_epi32(_mm256_cvttps_epi32(self), _mm256_set1_epi32(127));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(n))
+        }
+    }
+
+    impl Lanes for __m512 {
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            _mm512_set1_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn min(self, b: Self) -> Self {
+            _mm512_min_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn max(self, b: Self) -> Self {
+            _mm512_max_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn fmadd(self, b: Self, c: Self) -> Self {
+            _mm512_fmadd_ps(self, b, c)
+        }
+        #[inline(always)]
+        unsafe fn fnmadd(self, b: Self, c: Self) -> Self {
+            _mm512_fnmadd_ps(self, b, c)
+        }
+        /// A round toward -inf: `_mm256_floor_ps`'s result.
+        #[inline(always)]
+        unsafe fn floor(self) -> Self {
+            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(self)
+        }
+        #[inline(always)]
+        unsafe fn mul(self, b: Self) -> Self {
+            _mm512_mul_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn add(self, b: Self) -> Self {
+            _mm512_add_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn pow2(self) -> Self {
+            let n = _mm512_add_epi32(_mm512_cvttps_epi32(self), _mm512_set1_epi32(127));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(n))
+        }
+    }
+
+    /// `e^x` per lane: 2^n by exponent bits times a degree-6 polynomial on the remainder,
+    /// within 2 ulp of the exact value over the softmax range (x <= 0).
+    ///
+    /// # Safety
+    /// Inlined into an entry point with `L`'s features.
+    #[inline(always)]
+    pub unsafe fn exp<L: Lanes>(x: L) -> L {
+        let x = x.min(L::splat(88.376_26)).max(L::splat(-88.376_26));
+        let fx = x
+            .fmadd(L::splat(std::f32::consts::LOG2_E), L::splat(0.5))
+            .floor();
+        let r = fx.fnmadd(L::splat(0.693_359_4), x);
+        let r = fx.fnmadd(L::splat(-2.121_944_4e-4), r);
+        let mut y = L::splat(1.987_569_1e-4);
         for c in [
             1.398_199_9e-3,
             8.333_452e-3,
@@ -30,15 +126,24 @@ pub(crate) mod avx512 {
             0.166_666_65,
             0.5,
         ] {
-            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+            y = y.fmadd(r, L::splat(c));
         }
-        let y = _mm512_fmadd_ps(
-            y,
-            _mm512_mul_ps(r, r),
-            _mm512_add_ps(r, _mm512_set1_ps(1.0)),
-        );
-        let n = _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127));
-        _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32::<23>(n)))
+        let y = y.fmadd(r.mul(r), r.add(L::splat(1.0)));
+        y.mul(fx.pow2())
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// `avx2::exp8` in 16 lanes: the same operations lane for lane (`cephes::exp`), so each
+    /// lane gives `exp8`'s bits.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub fn exp16(x: __m512) -> __m512 {
+        // SAFETY: AVX-512 F enabled here.
+        unsafe { super::cephes::exp(x) }
     }
 }
 
@@ -46,40 +151,13 @@ pub(crate) mod avx512 {
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
-    /// `e^x` in 8 lanes (Cephes `expf`: 2^n by exponent bits times a degree-6 polynomial on
-    /// the remainder), within 2 ulp of the exact value over the softmax range (x <= 0).
+    /// `e^x` in 8 lanes (`cephes::exp`: Cephes `expf`), within 2 ulp of the exact value over
+    /// the softmax range (x <= 0).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn exp8(x: __m256) -> __m256 {
-        let x = _mm256_max_ps(
-            _mm256_min_ps(x, _mm256_set1_ps(88.376_26)),
-            _mm256_set1_ps(-88.376_26),
-        );
-        let fx = _mm256_fmadd_ps(
-            x,
-            _mm256_set1_ps(std::f32::consts::LOG2_E),
-            _mm256_set1_ps(0.5),
-        );
-        let fx = _mm256_floor_ps(fx);
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut y = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ] {
-            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
-        }
-        let y = _mm256_fmadd_ps(
-            y,
-            _mm256_mul_ps(r, r),
-            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
-        );
-        let n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
-        _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(n)))
+        // SAFETY: AVX2 and FMA enabled here.
+        unsafe { super::cephes::exp(x) }
     }
 
     /// `Σ e^(x_i - max)` with `exp8` in 8 lanes, the lanes summed in f64 at the end; the

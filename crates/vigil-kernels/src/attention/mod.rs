@@ -270,15 +270,24 @@ mod simd {
         for &v in lanes.iter().chain(&x[full..]) {
             m = m.max(v);
         }
+        (m, hsum(exp_tail(x, 0, m, _mm256_setzero_ps())))
+    }
+
+    /// `sum` plus `exp8(x[i] - m)` of `x[from..]`, written back, 8 at a time in order: the
+    /// tail padded with `m`, its padding lanes zeroed before the sum.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn exp_tail(x: &mut [f32], from: usize, m: f32, mut sum: __m256) -> __m256 {
+        let n = x.len();
+        let full = from + (n - from) / 8 * 8;
+        let p = x.as_mut_ptr();
         let mv = _mm256_set1_ps(m);
-        let mut sum = _mm256_setzero_ps();
-        for i in (0..full).step_by(8) {
+        for i in (from..full).step_by(8) {
             let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mv));
             _mm256_storeu_ps(p.add(i), e);
             sum = _mm256_add_ps(sum, e);
         }
         if full < n {
-            // The tail padded with the max; padding lanes are zeroed before the sum.
             let mut t = [m; 8];
             t[..n - full].copy_from_slice(&x[full..]);
             let valid = _mm256_cmpgt_epi32(
@@ -293,7 +302,7 @@ mod simd {
             x[full..].copy_from_slice(&t[..n - full]);
             sum = _mm256_add_ps(sum, e);
         }
-        (m, hsum(sum))
+        sum
     }
 
     /// `exp_run` with the exponentials 16 at a time (`exp16`, `exp8`'s operations per lane):
@@ -307,7 +316,7 @@ mod simd {
         if n < 16 {
             return exp_run(x);
         }
-        let (full16, full) = (n / 16 * 16, n / 8 * 8);
+        let full16 = n / 16 * 16;
         let p = x.as_mut_ptr();
         let mut mv = _mm512_set1_ps(f32::NEG_INFINITY);
         for i in (0..full16).step_by(16) {
@@ -317,11 +326,10 @@ mod simd {
         for &v in &x[full16..] {
             m = m.max(v);
         }
-        let mv16 = _mm512_set1_ps(m);
-        let mv = _mm256_set1_ps(m);
+        let mv = _mm512_set1_ps(m);
         let mut sum = _mm256_setzero_ps();
         for i in (0..full16).step_by(16) {
-            let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), mv16));
+            let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), mv));
             _mm512_storeu_ps(p.add(i), e);
             sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
             sum = _mm256_add_ps(
@@ -329,26 +337,7 @@ mod simd {
                 _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e))),
             );
         }
-        if full16 < full {
-            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(full16)), mv));
-            _mm256_storeu_ps(p.add(full16), e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        if full < n {
-            let mut t = [m; 8];
-            t[..n - full].copy_from_slice(&x[full..]);
-            let valid = _mm256_cmpgt_epi32(
-                _mm256_set1_epi32((n - full) as i32),
-                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-            );
-            let e = _mm256_and_ps(
-                exp8(_mm256_sub_ps(_mm256_loadu_ps(t.as_ptr()), mv)),
-                _mm256_castsi256_ps(valid),
-            );
-            _mm256_storeu_ps(t.as_mut_ptr(), e);
-            x[full..].copy_from_slice(&t[..n - full]);
-            sum = _mm256_add_ps(sum, e);
-        }
+        let sum = exp_tail(x, full16, m, sum);
         (m, hsum(sum))
     }
 
