@@ -46,7 +46,7 @@ echo "setup_llamacpp: building ${targets[*]} natively ($(nproc) jobs)" >&2
 # (docs/benchmarks.md, 2026-12-05). LLAMACPP_AMX=1 builds it with AMX, to check again on
 # another machine. Explicit -mno-* flags win over what -march=native implies.
 noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-[ "$amx" = 1 ] && noamx=""
+if [ "$amx" = 1 ]; then noamx=""; fi
 cmake -S "$src" -B "$work/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
   -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" \
   -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF >&2

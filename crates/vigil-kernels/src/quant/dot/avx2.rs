@@ -333,12 +333,20 @@ unsafe fn tile<D: IntDot, F: Fmt32, const MR: usize, const NR: usize>(
     prefetch: isize,
 ) -> [f32; 8] {
     let mut acc = _mm256_setzero_ps();
+    // The group after next is swept into L2 and the next one from there into L1: with only
+    // the L1 sweep, each line held a fill buffer for a whole DRAM round trip and the tile's 8
+    // interleaved row streams (Q8_0 decode) waited on them. Q8_0 matrices from DRAM
+    // (`gemv_bandwidth q8_0 2 1024 5`, Xeon, against a plain read of the same bytes):
+    // Qwen3-0.6B's 78–83 → 95 %, SmolLM2's 83–84 → 92 %; cache-resident unchanged. (Into L2
+    // alone: 90 %, and 3–4 % slower from L3.) The interleaved Q4 tiles, one stream a group,
+    // are at the plain read with the L1 sweep alone.
     let ahead = w[0].cast::<i8>().wrapping_offset(prefetch);
+    let after_next = ahead.wrapping_offset(prefetch);
+    let step = NR * std::mem::size_of::<F::W>();
     for b in 0..nb {
         if prefetch != 0 {
-            let step = NR * std::mem::size_of::<F::W>();
-            prefetch_sweep_l2(ahead.wrapping_offset(prefetch), b, step);
-            prefetch_sweep(ahead, b, step);
+            prefetch_sweep::<_MM_HINT_T1>(after_next, b, step);
+            prefetch_sweep::<_MM_HINT_T0>(ahead, b, step);
         }
         let mut wv = [[_mm256_setzero_si256(); 2]; NR];
         for j in 0..NR {
@@ -361,28 +369,15 @@ unsafe fn tile<D: IntDot, F: Fmt32, const MR: usize, const NR: usize>(
     r
 }
 
-/// Prefetch block `b`'s share of the next group of weight rows, which starts at `ahead`:
-/// the rows of a group are contiguous, so a tile of `step`-byte blocks (a block of each row)
-/// sweeps the next group's bytes linearly, a line at a time, and DRAM streams ahead of use
-/// without any line being asked for once per row (a Q4_0 block is 18 bytes).
+/// Prefetch block `b`'s share of the next group of weight rows, which starts at `ahead`,
+/// into the cache level `HINT` names (`_MM_HINT_T0`: L1, `_MM_HINT_T1`: L2): the rows of a
+/// group are contiguous, so a tile of `step`-byte blocks (a block of each row) sweeps the next
+/// group's bytes linearly, a line at a time, and DRAM streams ahead of use without any line
+/// being asked for once per row (a Q4_0 block is 18 bytes).
 #[inline(always)]
-pub(super) unsafe fn prefetch_sweep(ahead: *const i8, b: usize, step: usize) {
+pub(super) unsafe fn prefetch_sweep<const HINT: i32>(ahead: *const i8, b: usize, step: usize) {
     for line in (0..step).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(b * step + line));
-    }
-}
-
-/// `prefetch_sweep` into L2 only (`prefetcht1`). The row-major 8-row tile (Q8_0 decode) sweeps
-/// the group after next into L2 and the next one from there into L1: with only the L1 sweep,
-/// each line held a fill buffer for a whole DRAM round trip and the tile's 8 interleaved row
-/// streams waited on them. Q8_0 matrices from DRAM (`gemv_bandwidth q8_0 2 1024 5`, Xeon,
-/// against a plain read of the same bytes): Qwen3-0.6B's 78–83 → 95 %, SmolLM2's 83–84 →
-/// 92 %; cache-resident unchanged. (Into L2 alone: 90 %, and 3–4 % slower from L3.) The
-/// interleaved Q4 tiles, one stream a group, are at the plain read already.
-#[inline(always)]
-pub(super) unsafe fn prefetch_sweep_l2(ahead: *const i8, b: usize, step: usize) {
-    for line in (0..step).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(b * step + line));
+        _mm_prefetch::<HINT>(ahead.wrapping_add(b * step + line));
     }
 }
 

@@ -42,7 +42,7 @@ pub unsafe fn tile<D: IntDot, F: Fmt32>(
     let ahead = w[0].cast::<i8>().wrapping_offset(prefetch);
     for b in 0..nb {
         if prefetch != 0 {
-            prefetch_sweep(ahead, b, 8 * std::mem::size_of::<F::W>());
+            prefetch_sweep::<_MM_HINT_T0>(ahead, b, 8 * std::mem::size_of::<F::W>());
         }
         let y = F::act_qs(a.add(b));
         let y_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(y.cast()));
@@ -152,7 +152,7 @@ pub unsafe fn tile_x8<D: IntDot, F: Nibble32, const G: usize>(
     for b in 0..nb {
         if prefetch != 0 {
             for j in 0..G {
-                prefetch_sweep(ahead.wrapping_add(j * nb * step), b, step);
+                prefetch_sweep::<_MM_HINT_T0>(ahead.wrapping_add(j * nb * step), b, step);
             }
         }
         let s = broadcast_dwords(F::act_qs(&*a.add(b)).as_ptr());
