@@ -1123,16 +1123,29 @@ def test_turn_cancels_a_running_warm_and_keeps_its_work(client, smol, janitor):
     import threading
 
     s = create(client, smol, janitor)
-    long_text = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
+    # Long enough (about 3,400 tokens) that the warm still runs seconds after it is seen running
+    # on the fastest CPU here; the nonce keeps any cached prefix of an earlier run out of it.
+    nonce = uuid.uuid4().hex
+    long_text = nonce + " " + " ".join(
+        f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(240))
     convo = [{"role": "user", "content": long_text}]
     result = {}
 
     def warm():
         result["warm"] = raw(smol, "POST", f"/v1/sessions/{s.id}/warm", {"messages": convo}, timeout=120)
 
+    def running() -> float:
+        return sum(v for n, _, v in prom_samples(smol.metrics_text()) if n == "vllm:num_requests_running")
+
     t = threading.Thread(target=warm)
     t.start()
-    time.sleep(1.0)
+    # The turn must arrive while the warm computes: wait until the engine runs it, not a fixed
+    # sleep (a fixed second let a short warm finish first on a fast CPU).
+    deadline = time.monotonic() + 60
+    while running() < 1:
+        assert time.monotonic() < deadline, "the warm never started running"
+        assert t.is_alive(), f"the warm ended before it was seen running: {result}"
+        time.sleep(0.02)
     chat = raw(smol, "POST", "/v1/chat/completions",
                {"messages": convo, "max_tokens": 2, "temperature": 0},
                headers={"x-layerscale-session-id": s.id}, timeout=120)
