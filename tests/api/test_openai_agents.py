@@ -30,7 +30,9 @@ def agents_run(smol) -> dict:
     python = os.environ.get("VIGIL_TEST_AGENTS_PYTHON")
     assert python, "VIGIL_TEST_AGENTS_PYTHON is unset: run scripts/setup_python.sh (it makes .cache/venv-agents)"
     script = Path(__file__).parent / "clients" / "openai_agents_run.py"
-    p = subprocess.run([python, str(script), smol.v1], capture_output=True, text=True, timeout=600)
+    # The SDK redacts the model's output from its errors by default; a failure must show it.
+    env = dict(os.environ, OPENAI_AGENTS_DONT_LOG_MODEL_DATA="0")
+    p = subprocess.run([python, str(script), smol.v1], capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-4000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 

@@ -21,6 +21,8 @@ class Pet(pydantic.BaseModel):
 
 
 CALLS: list[str] = []
+# Sampled runs are seeded: the same output every run, so a failure can be replayed.
+SEED = 7
 
 
 @function_tool
@@ -52,7 +54,7 @@ async def main(base_url: str) -> None:
     out["streamed"] = {"final_output": streamed.final_output, "events": kinds}
 
     typed = Agent(name="pets", instructions="Describe a pet.", model=model, output_type=Pet,
-                  model_settings=ModelSettings(temperature=0.7, max_tokens=80))
+                  model_settings=ModelSettings(temperature=0.7, max_tokens=80, extra_body={"seed": SEED}))
     r = await Runner.run(typed, "Describe a pet as JSON.")
     out["typed"] = {"is_pet": isinstance(r.final_output, Pet),
                     "final_output": r.final_output.model_dump() if isinstance(r.final_output, Pet) else repr(r.final_output)}
@@ -65,7 +67,7 @@ async def main(base_url: str) -> None:
 
     # The chat-completions model on the same server, for the output_type path there too.
     chat_typed = Agent(name="pets-chat", model=OpenAIChatCompletionsModel(model=model, openai_client=client),
-                       output_type=Pet, model_settings=ModelSettings(temperature=0.7, max_tokens=80))
+                       output_type=Pet, model_settings=ModelSettings(temperature=0.7, max_tokens=80, extra_body={"seed": SEED}))
     r = await Runner.run(chat_typed, "Describe a pet as JSON.")
     out["chat_typed"] = {"is_pet": isinstance(r.final_output, Pet)}
     print(json.dumps(out))
