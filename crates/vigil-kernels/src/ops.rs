@@ -136,15 +136,23 @@ impl RopeTable {
     }
 }
 
-/// `gate[i] = silu(gate[i]) * up[i]` (SwiGLU): the AVX2 path (8-lane `exp`, the one
-/// attention's softmax uses) where the CPU has it, else [`silu_mul_scalar`]. Each element's
-/// result depends only on its own inputs and its index mod 8 never matters: the tail past the
-/// last full 8 runs the same vector code on a padded copy.
+/// `gate[i] = silu(gate[i]) * up[i]` (SwiGLU): the vector path (Cephes `exp`, the one
+/// attention's softmax uses; 16 lanes on AVX-512, 8 on AVX2, the same operations per lane)
+/// where the CPU has it, else [`silu_mul_scalar`]. Each element's result depends only on its
+/// own inputs and never on its index or the lane width: a tail runs the same vector code on
+/// a padded copy.
 pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::features().avx2_fma_f16c {
-        // SAFETY: the features were just checked.
-        return unsafe { crate::vector_math::avx2::silu_mul(gate, up) };
+    {
+        let cpu = crate::cpu::features();
+        if cpu.has(crate::cpu::Isa::Avx512) {
+            // SAFETY: the features were just checked.
+            return unsafe { crate::vector_math::avx512::silu_mul16(gate, up) };
+        }
+        if cpu.avx2_fma_f16c {
+            // SAFETY: the features were just checked.
+            return unsafe { crate::vector_math::avx2::silu_mul(gate, up) };
+        }
     }
     silu_mul_scalar(gate, up)
 }
@@ -339,6 +347,28 @@ mod tests {
                 silu_mul_inplace(&mut prefix, &up[..n - 3]);
                 assert_eq!(prefix, fast[..n - 3], "n {n}");
             }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn silu_mul16_equals_the_8_lane_path() {
+        use crate::cpu::{features, Isa};
+        if !features().has(Isa::Avx512) {
+            eprintln!("skipped: CPU lacks avx512");
+            return;
+        }
+        for n in (0..70).chain([1536, 3072 + 5]) {
+            let gate: Vec<f32> = noise(n, 3 * n as u64).iter().map(|v| v * 100.0).collect();
+            let up = noise(n, 11 + n as u64);
+            let (mut a, mut b) = (gate.clone(), gate);
+            // SAFETY: AVX-512 F (and so AVX2, FMA, F16C) checked above.
+            unsafe {
+                crate::vector_math::avx2::silu_mul(&mut a, &up);
+                crate::vector_math::avx512::silu_mul16(&mut b, &up);
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "n = {n}");
         }
     }
 

@@ -20,6 +20,8 @@ mod cephes {
         unsafe fn floor(self) -> Self;
         unsafe fn mul(self, b: Self) -> Self;
         unsafe fn add(self, b: Self) -> Self;
+        unsafe fn sub(self, b: Self) -> Self;
+        unsafe fn div(self, b: Self) -> Self;
         /// `2^self` for integral lanes in range: the exponent field built from `self + 127`.
         unsafe fn pow2(self) -> Self;
     }
@@ -56,6 +58,14 @@ mod cephes {
         #[inline(always)]
         unsafe fn add(self, b: Self) -> Self {
             _mm256_add_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(self, b: Self) -> Self {
+            _mm256_sub_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn div(self, b: Self) -> Self {
+            _mm256_div_ps(self, b)
         }
         #[inline(always)]
         unsafe fn pow2(self) -> Self {
@@ -99,6 +109,14 @@ mod cephes {
             _mm512_add_ps(self, b)
         }
         #[inline(always)]
+        unsafe fn sub(self, b: Self) -> Self {
+            _mm512_sub_ps(self, b)
+        }
+        #[inline(always)]
+        unsafe fn div(self, b: Self) -> Self {
+            _mm512_div_ps(self, b)
+        }
+        #[inline(always)]
         unsafe fn pow2(self) -> Self {
             let n = _mm512_add_epi32(_mm512_cvttps_epi32(self), _mm512_set1_epi32(127));
             _mm512_castsi512_ps(_mm512_slli_epi32::<23>(n))
@@ -131,6 +149,16 @@ mod cephes {
         let y = y.fmadd(r.mul(r), r.add(L::splat(1.0)));
         y.mul(fx.pow2())
     }
+
+    /// SwiGLU per lane: `g / (1 + e^-g) * u`.
+    ///
+    /// # Safety
+    /// As `exp`.
+    #[inline(always)]
+    pub unsafe fn silu_mul<L: Lanes>(g: L, u: L) -> L {
+        let e = exp(L::splat(0.0).sub(g));
+        g.div(L::splat(1.0).add(e)).mul(u)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -144,6 +172,27 @@ pub(crate) mod avx512 {
     pub fn exp16(x: __m512) -> __m512 {
         // SAFETY: AVX-512 F enabled here.
         unsafe { super::cephes::exp(x) }
+    }
+
+    /// `avx2::silu_mul` 16 lanes at a time: each element the same operations (`cephes`), so
+    /// the same bits; a tail shorter than 16 goes through a zero-padded copy.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub unsafe fn silu_mul16(gate: &mut [f32], up: &[f32]) {
+        let n = gate.len().min(up.len());
+        let full = n / 16 * 16;
+        let (gp, up_) = (gate.as_mut_ptr(), up.as_ptr());
+        for i in (0..full).step_by(16) {
+            let (g, u) = (_mm512_loadu_ps(gp.add(i)), _mm512_loadu_ps(up_.add(i)));
+            _mm512_storeu_ps(gp.add(i), super::cephes::silu_mul(g, u));
+        }
+        if full < n {
+            let (mut g, mut u) = ([0f32; 16], [0f32; 16]);
+            g[..n - full].copy_from_slice(&gate[full..n]);
+            u[..n - full].copy_from_slice(&up[full..n]);
+            let (gv, uv) = (_mm512_loadu_ps(g.as_ptr()), _mm512_loadu_ps(u.as_ptr()));
+            _mm512_storeu_ps(g.as_mut_ptr(), super::cephes::silu_mul(gv, uv));
+            gate[full..n].copy_from_slice(&g[..n - full]);
+        }
     }
 }
 
@@ -187,22 +236,19 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
         let n = gate.len().min(up.len());
-        let one = _mm256_set1_ps(1.0);
-        let silu_mul8 = |g: __m256, u: __m256| {
-            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-            _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u)
-        };
         let full = n / 8 * 8;
         let (gp, up_) = (gate.as_mut_ptr(), up.as_ptr());
         for i in (0..full).step_by(8) {
-            let r = silu_mul8(_mm256_loadu_ps(gp.add(i)), _mm256_loadu_ps(up_.add(i)));
+            let r =
+                super::cephes::silu_mul(_mm256_loadu_ps(gp.add(i)), _mm256_loadu_ps(up_.add(i)));
             _mm256_storeu_ps(gp.add(i), r);
         }
         if full < n {
             let (mut g, mut u) = ([0f32; 8], [0f32; 8]);
             g[..n - full].copy_from_slice(&gate[full..n]);
             u[..n - full].copy_from_slice(&up[full..n]);
-            let r = silu_mul8(_mm256_loadu_ps(g.as_ptr()), _mm256_loadu_ps(u.as_ptr()));
+            let r =
+                super::cephes::silu_mul(_mm256_loadu_ps(g.as_ptr()), _mm256_loadu_ps(u.as_ptr()));
             _mm256_storeu_ps(g.as_mut_ptr(), r);
             gate[full..n].copy_from_slice(&g[..n - full]);
         }
