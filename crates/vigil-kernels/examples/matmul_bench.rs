@@ -3,7 +3,7 @@
 //!
 //! `format` picks the weights and the model whose shapes they take: `q4_1` (the default) and
 //! `q4_0` time SmolLM2-135M's q, k, v, o, gate, up and down (`q4_1x8`, `q4_0x8`: interleaved
-//! as the loader stores them); `q8_0`, `bf16`, `f16` and `f32`
+//! as the loader stores them); `q8_0` (`q8_0x8`), `bf16`, `f16` and `f32`
 //! time Qwen3-0.6B's distinct projection shapes; `q8_0_output` SmolLM2's Q8_0 output
 //! projection (`q8_0_outputx8` interleaved); `q4_k` and `q6_k` Gemma 3 270M's k-quant ones
 //! (its Q4_K_M file's attention output and down projection). Random weights and activations; prints the
@@ -124,7 +124,8 @@ fn arg(i: usize, default: usize) -> usize {
 fn main() {
     let (m, threads, reps) = (arg(1, 512), arg(2, 2), arg(3, 5));
     let format = std::env::args().nth(4).unwrap_or_else(|| "q4_1".into());
-    // `q4_0x8`, `q4_1x8`: interleaved as the loader stores them (`quant::interleave`).
+    // `q4_0x8`, `q4_1x8`, `q8_0x8`, `q8_0_outputx8`: interleaved as the loader stores them
+    // (`quant::interleave`).
     let interleave = format.ends_with("x8");
     let (dtype, shapes): (DType, &[(usize, usize)]) = match format.trim_end_matches("x8") {
         "q4_1" => (DType::Q4_1, &SMOLLM2),
@@ -138,7 +139,7 @@ fn main() {
         "q6_k" => (DType::Q6K, &GEMMA3_270M_K),
         other => {
             eprintln!(
-                "format {other:?}: expected q4_1, q4_0 (x8: interleaved), q8_0, q8_0_output, q4_k, q6_k, bf16, f16 or f32"
+                "format {other:?}: expected q4_1, q4_0, q8_0, q8_0_output (x8: interleaved), q4_k, q6_k, bf16, f16 or f32"
             );
             std::process::exit(2);
         }

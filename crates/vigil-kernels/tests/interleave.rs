@@ -1,6 +1,6 @@
 //! The 8-row interleaved layout (`quant::interleave`) keeps every row: each row read back
 //! (`row_bytes`, `dequantize_row`) is the row-major one, byte for byte, for row counts that
-//! leave the last group partial; other formats have no interleaved form.
+//! leave the last group partial (Q4_0, Q4_1, Q8_0); other formats have no interleaved form.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -31,11 +31,11 @@ fn random(rng: &mut ChaCha8Rng, dtype: DType, rows: usize, cols: usize) -> QMatr
 #[test]
 fn every_row_reads_back_unchanged() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    for dtype in [DType::Q4_0, DType::Q4_1] {
+    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
         for rows in [1, 7, 8, 9, 16, 43] {
             let cols = 32 * rng.random_range(1..12);
             let w = random(&mut rng, dtype, rows, cols);
-            let x8 = interleaved(&w).expect("Q4_0 / Q4_1 interleave");
+            let x8 = interleaved(&w).expect("Q4_0 / Q4_1 / Q8_0 interleave");
             assert_eq!(x8.layout, Layout::Interleaved8);
             assert_eq!(
                 x8.data.bytes().len(),
@@ -55,9 +55,9 @@ fn every_row_reads_back_unchanged() {
 }
 
 #[test]
-fn only_4_bit_row_major_matrices_interleave() {
+fn only_32_value_integer_row_major_matrices_interleave() {
     let mut rng = ChaCha8Rng::seed_from_u64(8);
-    for dtype in [DType::Q8_0, DType::Q4K, DType::F32] {
+    for dtype in [DType::Q4K, DType::Q6K, DType::BF16, DType::F32] {
         let w = random(&mut rng, dtype, 8, 256);
         assert!(interleaved(&w).is_none(), "{dtype} has no interleaved form");
     }

@@ -4,7 +4,7 @@
 //! a multiple of the tile or the 64-row chunk, weight rows not a multiple of 8 or 16), 1 and
 //! 2 threads, and the extreme quants the exact integer dots must hold.
 //!
-//! Q4_0 and Q4_1 run in both layouts, rows and the 8-row interleaved one the loader makes.
+//! Q4_0, Q4_1 and Q8_0 run in both layouts, rows and the 8-row interleaved one the loader makes.
 //!
 //! A level the CPU lacks is skipped with a "skipped: CPU lacks ..." line on stderr, so the
 //! suite passes on machines with and without AVX-512 (run with `--nocapture` to see it).
@@ -63,7 +63,7 @@ fn weights(
     }
 }
 
-/// Level `isa` against the scalar path on `w`, and for Q4_0 / Q4_1 also on `w` interleaved
+/// Level `isa` against the scalar path on `w`, and for Q4_0 / Q4_1 / Q8_0 also on `w` interleaved
 /// as the loader stores it (`quant::interleave`), on that level and on the scalar path.
 fn check(pool: &ThreadPool, isa: Isa, w: &QMatrix, x: &[f32], m: usize, what: &str) {
     let mut slow = vec![f32::NAN; m * w.rows];
@@ -126,10 +126,11 @@ fn level_matches_scalar(isa: Isa, seed: u64) {
         }
         // All nibbles 15 / 0, Q8_0 weights all -128 / 127 / -127, against activations that
         // quantize to ±127 (one row alternating): the largest integer dots.
-        // 9 rows: the Q6_K row tiles; 17: every format's GEMM.
+        // 9 rows: the Q6_K row tiles; 17: every format's GEMM; 1: the decode tiles.
         for (&q, m) in [0xFFu8, 0x00, 0x80, 0x7F, 0x81]
             .iter()
             .zip([9, 17, 9, 17, 17])
+            .flat_map(|(q, m)| [(q, m), (q, 1)])
         {
             let (rows, cols) = (40, 2 * 256);
             let w = weights(&mut rng, dtype, rows, cols, Some(q));

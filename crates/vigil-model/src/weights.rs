@@ -85,26 +85,28 @@ impl ModelWeights {
     /// are copied once. Matrices converted at load own their bytes already and stay where
     /// they are, so nothing the model no longer reads is copied.
     ///
-    /// With SIMD kernels, the Q4_0 / Q4_1 matrices only the matmuls read (every one but the
-    /// embedding, which is also read a row at a time, and a tied output, which is the
-    /// embedding) are stored interleaved 8 rows at a time instead (`quant::interleave`):
-    /// the same bytes in the order the kernels multiply them.
+    /// With SIMD kernels, the Q4_0 / Q4_1 / Q8_0 matrices the matmuls read are stored
+    /// interleaved 8 rows at a time instead (`quant::interleave`): the same bytes in the order
+    /// the kernels multiply them. An untied embedding, which only has rows looked up, stays
+    /// row-major; a tied one is the output projection too and is interleaved (a lookup takes
+    /// its row back out of the groups, `dequantize_row`).
     pub fn make_resident(&mut self) -> std::io::Result<()> {
         let interleave = cpu::features().best() != cpu::Isa::Scalar;
-        let embd = {
-            let b = self.token_embd.data.bytes();
-            (b.as_ptr() as usize, b.len())
-        };
-        let mut mats = self.matrices_mut();
         let key = |m: &QMatrix| {
             let b = m.data.bytes();
             (b.as_ptr() as usize, b.len())
         };
-        let interleaves = |m: &QMatrix| interleave && can_interleave(m) && key(m) != embd;
-        // Converted matrices interleave in their own buffers.
+        let embd = key(&self.token_embd);
+        let tied = key(&self.output) == embd;
+        let mut mats = self.matrices_mut();
+        let interleaves = |m: &QMatrix| interleave && can_interleave(m) && (key(m) != embd || tied);
+        // Converted matrices interleave in their own buffers (a tied pair once).
+        let mut converted: HashMap<(usize, usize), QMatrix> = HashMap::new();
         for m in mats.iter_mut() {
             if let (WeightData::Owned(_), true) = (&m.data, interleaves(m)) {
-                if let Some(x8) = interleaved(m) {
+                let source = key(m);
+                if let Some(x8) = converted.get(&source).cloned().or_else(|| interleaved(m)) {
+                    converted.insert(source, x8.clone());
                     **m = x8;
                 }
             }

@@ -181,7 +181,7 @@ fn check_shapes(w: &QMatrix, x: &[f32], m: usize, out: &[f32]) {
     );
     if w.layout == Layout::Interleaved8 {
         assert!(
-            matches!(w.dtype, DType::Q4_0 | DType::Q4_1),
+            matches!(w.dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0),
             "matmul: {} has no interleaved layout",
             w.dtype
         );
@@ -342,9 +342,15 @@ fn run(
         }
         DType::Q8_0 => {
             let acts = scratch.q8_0(pool, how, x, shape, side);
-            split_rows(pool, parts, align32, |p, r0, r1| {
-                let wb = blocks_of::<BlockQ8_0>(p.w);
-                rows_32::<Q8_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
+            split_rows(pool, parts, align32, |p, r0, r1| match p.w.layout {
+                Layout::Rows => {
+                    let wb = blocks_of::<BlockQ8_0>(p.w);
+                    rows_32::<Q8_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
+                }
+                Layout::Interleaved8 => {
+                    let wb = groups_of::<BlockQ8_0x8>(p.w);
+                    rows_x8::<Q8_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
+                }
             });
         }
         DType::Q4K => {
@@ -508,7 +514,7 @@ fn rows_32<F: Fmt32Path>(
     }
 }
 
-/// A 4-bit format's interleaved form (`quant::interleave`) and its kernels.
+/// A 32-value integer format's interleaved form (`quant::interleave`) and its kernels.
 trait Fmt32x8: Fmt32Path<W: Interleave> {
     /// # Safety
     /// The CPU has `isa` (not `Scalar`); `r0` a multiple of 8; otherwise as
@@ -563,6 +569,37 @@ macro_rules! fmt32x8 {
 
 fmt32x8!(Q4_0Fmt, crate::quant::dot::avx2::Q4_0);
 fmt32x8!(Q4_1Fmt, crate::quant::dot::avx2::Q4_1);
+
+/// Q8_0 interleaved: decode reads the groups in place (`avx2_q8_decode`); prefill runs the
+/// level's GEMM, whose packing is then loads (`avx2_gemm_q8::Q8Group`).
+impl Fmt32x8 for Q8_0Fmt {
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn simd_rows_x8(
+        isa: Isa,
+        w: &[BlockQ8_0x8],
+        rows: usize,
+        acts: &Acts32<BlockQ8_0>,
+        r0: usize,
+        r1: usize,
+        out: *mut f32,
+    ) {
+        use crate::quant::dot::avx2::Q8_0;
+        use crate::quant::dot::avx2_gemm::X8;
+        use crate::quant::dot::{avx2_gemm, avx2_q8_decode, avx512_gemm, vnni, vnni_gemm};
+        if acts.m < GEMM_MIN_ROWS {
+            return match isa {
+                Isa::Avx512 => vnni::rows_x8_q8_avx512vl(w, rows, acts, r0, r1, out),
+                Isa::AvxVnni => vnni::rows_x8_q8_avx_vnni(w, rows, acts, r0, r1, out),
+                _ => avx2_q8_decode::matmul_rows_x8(w, rows, acts, r0, r1, out),
+            };
+        }
+        match isa {
+            Isa::Avx512 => avx512_gemm::matmul_rows::<X8<Q8_0>>(w, rows, acts, r0, r1, out),
+            Isa::AvxVnni => vnni_gemm::matmul_rows_avx_vnni::<X8<Q8_0>>(w, rows, acts, r0, r1, out),
+            _ => avx2_gemm::matmul_rows::<X8<Q8_0>>(w, rows, acts, r0, r1, out),
+        }
+    }
+}
 
 /// `rows_32` for an interleaved matrix: `w` its groups (`r0` a multiple of 8). The scalar
 /// path takes each group back to rows and runs the row-major dot.

@@ -52,6 +52,17 @@ pub struct BlockQ4_1x8 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_1x8>() == 8 * 20);
 
+/// Block `b` of 8 Q8_0 rows interleaved at load (`quant::interleave`): the 8 scales side by
+/// side, then `qs[h][4k..4k + 4]` = bytes `4h..4h + 4` of row `k`'s `qs` (the order
+/// `avx2_gemm_q8::Packed` multiplies in).
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ8_0x8 {
+    pub d: [f16; 8],
+    pub qs: [[i8; 32]; 8],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8_0x8>() == 8 * 34);
+
 /// 32 values: `x = d * (q - 16)`, `q` 5-bit: the low nibbles in `qs` (values `j` and
 /// `j + 16` share byte `j`, as Q4_0), the fifth bits in `qh` (bit `j` for value `j`).
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]

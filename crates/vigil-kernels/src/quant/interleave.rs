@@ -1,20 +1,21 @@
-//! The load-time layout of Q4_0 / Q4_1 matrices for the kernels (`Layout::Interleaved8`):
-//! groups of 8 rows, block by block, each block holding the 8 rows' scales (and mins) side by
-//! side and their nibbles one dword of each row at a time (`BlockQ4_0x8`, `BlockQ4_1x8`).
+//! The load-time layout of Q4_0 / Q4_1 / Q8_0 matrices for the kernels
+//! (`Layout::Interleaved8`): groups of 8 rows, block by block, each block holding the 8 rows'
+//! scales (and mins) side by side and their quants one dword of each row at a time
+//! (`BlockQ4_0x8`, `BlockQ4_1x8`, `BlockQ8_0x8`).
 //!
 //! It is the lane order the 8-row kernels multiply in (`avx2_gemm::Packed`), so decode reads each
 //! block with plain loads instead of gathering 8 rows' scales and shuffling their nibbles
 //! (`avx2_q4_decode::tile_x8`), and prefill packing is a copy. Same bytes as the rows (the last
 //! group padded with zero rows), same values, same results bit for bit: only the order moves.
 
-use super::blocks::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8};
+use super::blocks::{BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8};
 use crate::storage::{AlignedBytes, Layout, WeightData};
 use crate::{DType, QMatrix};
 use bytemuck::Pod;
 use half::f16;
 use std::sync::Arc;
 
-/// A 4-bit 32-value block format that has an interleaved form.
+/// A 32-value block format that has an interleaved form.
 pub trait Interleave: Pod {
     /// Its block of 8 rows.
     type X8: Pod;
@@ -24,12 +25,14 @@ pub trait Interleave: Pod {
     fn row_of(x: &Self::X8, k: usize) -> Self;
 }
 
-/// `qs[h][4k..4k + 4]` = bytes `4h..4h + 4` of row `k`.
-fn interleave_qs(rows: [Option<&[u8; 16]>; 8]) -> [[u8; 32]; 4] {
-    let mut qs = [[0u8; 32]; 4];
+/// `qs[h][4k..4k + 4]` = bytes `4h..4h + 4` of row `k` (`H` dwords a row).
+fn interleave_qs<T: Pod + Default, const N: usize, const H: usize>(
+    rows: [Option<&[T; N]>; 8],
+) -> [[T; 32]; H] {
+    let mut qs = [[T::default(); 32]; H];
     for (k, row) in rows.iter().enumerate() {
         if let Some(q) = row {
-            for h in 0..4 {
+            for h in 0..H {
                 qs[h][4 * k..4 * k + 4].copy_from_slice(&q[4 * h..4 * h + 4]);
             }
         }
@@ -37,9 +40,9 @@ fn interleave_qs(rows: [Option<&[u8; 16]>; 8]) -> [[u8; 32]; 4] {
     qs
 }
 
-fn row_qs(qs: &[[u8; 32]; 4], k: usize) -> [u8; 16] {
-    let mut q = [0u8; 16];
-    for h in 0..4 {
+fn row_qs<T: Pod + Default, const N: usize, const H: usize>(qs: &[[T; 32]; H], k: usize) -> [T; N] {
+    let mut q = [T::default(); N];
+    for h in 0..H {
         q[4 * h..4 * h + 4].copy_from_slice(&qs[h][4 * k..4 * k + 4]);
     }
     q
@@ -79,6 +82,22 @@ impl Interleave for BlockQ4_1 {
     }
 }
 
+impl Interleave for BlockQ8_0 {
+    type X8 = BlockQ8_0x8;
+    fn interleave(rows: [Option<&Self>; 8]) -> BlockQ8_0x8 {
+        BlockQ8_0x8 {
+            d: rows.map(|r| r.map_or(f16::ZERO, |r| r.d)),
+            qs: interleave_qs(rows.map(|r| r.map(|r| &r.qs))),
+        }
+    }
+    fn row_of(x: &BlockQ8_0x8, k: usize) -> Self {
+        BlockQ8_0 {
+            d: x.d[k],
+            qs: row_qs(&x.qs, k),
+        }
+    }
+}
+
 /// `rows` rows of `nb` blocks, interleaved: group `g`'s block `b` at `g * nb + b`.
 pub fn interleave_blocks<B: Interleave>(w: &[B], rows: usize, nb: usize) -> Vec<B::X8> {
     let mut out = Vec::with_capacity(rows.div_ceil(8) * nb);
@@ -100,9 +119,9 @@ pub fn group_rows<B: Interleave>(x8: &[B::X8], nb: usize, g: usize) -> Vec<B> {
         .collect()
 }
 
-/// Whether `m` has an interleaved form: Q4_0 and Q4_1 stored as rows.
+/// Whether `m` has an interleaved form: Q4_0, Q4_1 and Q8_0 stored as rows.
 pub fn can_interleave(m: &QMatrix) -> bool {
-    matches!(m.dtype, DType::Q4_0 | DType::Q4_1) && m.layout == Layout::Rows
+    matches!(m.dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) && m.layout == Layout::Rows
 }
 
 /// The interleaved bytes of `m` (`can_interleave`), or `None`.
@@ -119,7 +138,8 @@ pub fn interleaved_bytes(m: &QMatrix) -> Option<Vec<u8>> {
     }
     Some(match m.dtype {
         DType::Q4_0 => go::<BlockQ4_0>(bytes, m.rows, nb),
-        _ => go::<BlockQ4_1>(bytes, m.rows, nb),
+        DType::Q4_1 => go::<BlockQ4_1>(bytes, m.rows, nb),
+        _ => go::<BlockQ8_0>(bytes, m.rows, nb),
     })
 }
 
@@ -153,6 +173,7 @@ pub fn row_bytes(m: &QMatrix, r: usize) -> Vec<u8> {
             match m.dtype {
                 DType::Q4_0 => go::<BlockQ4_0>(m.data.bytes(), nb, r),
                 DType::Q4_1 => go::<BlockQ4_1>(m.data.bytes(), nb, r),
+                DType::Q8_0 => go::<BlockQ8_0>(m.data.bytes(), nb, r),
                 other => unreachable!("{other} is never interleaved"),
             }
         }

@@ -20,10 +20,10 @@
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_gemm::{group_rows, store8};
+use super::avx2_gemm::{group_rows, store8, X8};
 use super::gemm_driver::Repacked;
 use super::Acts32;
-use crate::quant::blocks::BlockQ8_0;
+use crate::quant::blocks::{BlockQ8_0, BlockQ8_0x8};
 use std::arch::x86_64::*;
 
 /// One block of 8 weight rows, as the micro-kernel streams it.
@@ -34,29 +34,85 @@ pub struct Packed {
     pub(super) qs: [[i8; 32]; 8],
 }
 
-impl Repacked for super::avx2::Q8_0 {
+/// Where a kernel's groups of 8 Q8_0 weight rows come from: a row-major matrix
+/// (`avx2::Q8_0`: each block of the 8 rows is transposed at packing, `pack_block`) or one
+/// interleaved at load (`X8<avx2::Q8_0>`: each block is already in `Packed`'s order, so
+/// packing is loads and a scale conversion).
+pub trait Q8Group {
+    /// What the matrix holds.
+    type W: bytemuck::Pod;
+    /// One group's blocks.
+    type Src<'a>: Copy;
+    /// Weight rows `j0..j0 + 8` (rows `>= r1` repeat row `r1 - 1` or are padding; their
+    /// outputs are dropped); `j0` is a multiple of 8 for `X8`.
+    fn group(w: &[Self::W], nb: usize, j0: usize, r1: usize) -> Self::Src<'_>;
+    /// Block `b` of the group: the 8 interleaved quant vectors and the scales (as f32;
+    /// f16 → f32 is exact, so converting here changes no result).
+    ///
+    /// # Safety
+    /// AVX2+F16C (inlined into the kernel's ISA); `b` < the group's blocks.
+    unsafe fn block(src: Self::Src<'_>, b: usize) -> ([__m256i; 8], __m256);
+}
+
+impl Q8Group for super::avx2::Q8_0 {
     type W = BlockQ8_0;
-    type A = BlockQ8_0;
-    type Packed = Packed;
-    type Lanes = __m256;
-    const NR: usize = 8;
-    #[inline]
-    unsafe fn pack(w: &[BlockQ8_0], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
-        pack(w, nb, j0, r1, out)
+    type Src<'a> = [&'a [BlockQ8_0]; 8];
+    #[inline(always)]
+    fn group(w: &[BlockQ8_0], nb: usize, j0: usize, r1: usize) -> [&[BlockQ8_0]; 8] {
+        group_rows(w, nb, j0, r1)
     }
-    #[inline]
-    unsafe fn tile<const R: usize>(
-        pk: &[Packed],
-        acts: &Acts32<BlockQ8_0>,
-        i0: usize,
-    ) -> [__m256; R] {
-        tile::<R>(pk, acts, i0)
-    }
-    #[inline]
-    unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
-        store8(dst, v, n)
+    #[inline(always)]
+    unsafe fn block(src: [&[BlockQ8_0]; 8], b: usize) -> ([__m256i; 8], __m256) {
+        pack_block(&src, b)
     }
 }
+
+impl Q8Group for X8<super::avx2::Q8_0> {
+    type W = BlockQ8_0x8;
+    type Src<'a> = &'a [BlockQ8_0x8];
+    #[inline(always)]
+    fn group(w: &[BlockQ8_0x8], nb: usize, j0: usize, r1: usize) -> &[BlockQ8_0x8] {
+        let g = j0.min(r1 - 1) / 8;
+        &w[g * nb..(g + 1) * nb]
+    }
+    #[inline(always)]
+    unsafe fn block(src: &[BlockQ8_0x8], b: usize) -> ([__m256i; 8], __m256) {
+        let x = src.get_unchecked(b);
+        let v = std::array::from_fn(|h| _mm256_loadu_si256(x.qs[h].as_ptr().cast()));
+        (v, _mm256_cvtph_ps(_mm_loadu_si128(x.d.as_ptr().cast())))
+    }
+}
+
+/// The kernel over either source (`Q8Group`).
+macro_rules! repacked_q8 {
+    ($src:ty) => {
+        impl Repacked for $src {
+            type W = <$src as Q8Group>::W;
+            type A = BlockQ8_0;
+            type Packed = Packed;
+            type Lanes = __m256;
+            const NR: usize = 8;
+            #[inline]
+            unsafe fn pack(w: &[Self::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
+                pack::<$src>(w, nb, j0, r1, out)
+            }
+            #[inline]
+            unsafe fn tile<const R: usize>(
+                pk: &[Packed],
+                acts: &Acts32<BlockQ8_0>,
+                i0: usize,
+            ) -> [__m256; R] {
+                tile::<R>(pk, acts, i0)
+            }
+            #[inline]
+            unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
+                store8(dst, v, n)
+            }
+        }
+    };
+}
+repacked_q8!(super::avx2::Q8_0);
+repacked_q8!(X8<super::avx2::Q8_0>);
 
 /// Block `b` of 8 weight rows in `Packed` form: the 8 interleaved quant vectors and the
 /// scales (as f32; f16 → f32 is exact, so converting here changes no result).
@@ -105,10 +161,16 @@ pub(super) unsafe fn pack_block(rows: &[&[BlockQ8_0]; 8], b: usize) -> ([__m256i
 /// # Safety
 /// AVX2+F16C; `w` holds at least `r1 * nb` blocks; `j0 < r1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pack(w: &[BlockQ8_0], nb: usize, j0: usize, r1: usize, out: &mut [Packed]) {
-    let rows = group_rows(w, nb, j0, r1);
+pub(super) unsafe fn pack<S: Q8Group>(
+    w: &[S::W],
+    nb: usize,
+    j0: usize,
+    r1: usize,
+    out: &mut [Packed],
+) {
+    let src = S::group(w, nb, j0, r1);
     for (b, p) in out[..nb].iter_mut().enumerate() {
-        let (v, d) = pack_block(&rows, b);
+        let (v, d) = S::block(src, b);
         for h in 0..8 {
             _mm256_store_si256(p.qs[h].as_mut_ptr().cast(), v[h]);
         }

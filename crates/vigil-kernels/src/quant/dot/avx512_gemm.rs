@@ -23,8 +23,8 @@
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_gemm::{group_rows, Group8, Nibble32};
-use super::avx2_gemm_q8::pack_block as pack_block_q8;
+use super::avx2_gemm::{Group8, Nibble32, X8};
+use super::avx2_gemm_q8::Q8Group;
 use super::gemm_driver::{drive, with_buffer, Repacked};
 use super::Acts32;
 use crate::quant::blocks::BlockQ8_0;
@@ -80,29 +80,36 @@ impl<G: Group8> Repacked for Zmm<G> {
     }
 }
 
-impl Repacked for Zmm<super::avx2::Q8_0> {
-    type W = BlockQ8_0;
-    type A = BlockQ8_0;
-    type Packed = Packed16Q8;
-    type Lanes = __m512;
-    const NR: usize = 16;
-    #[inline]
-    unsafe fn pack(w: &[BlockQ8_0], nb: usize, j0: usize, r1: usize, out: &mut [Packed16Q8]) {
-        pack_q8(w, nb, j0, r1, out)
-    }
-    #[inline]
-    unsafe fn tile<const R: usize>(
-        pk: &[Packed16Q8],
-        acts: &Acts32<BlockQ8_0>,
-        i0: usize,
-    ) -> [__m512; R] {
-        tile_q8::<R>(pk, acts, i0)
-    }
-    #[inline]
-    unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
-        store16(dst, v, n)
-    }
+/// Q8_0 from either source (`avx2_gemm_q8::Q8Group`: row-major or interleaved at load).
+macro_rules! repacked_q8 {
+    ($src:ty) => {
+        impl Repacked for Zmm<$src> {
+            type W = <$src as Q8Group>::W;
+            type A = BlockQ8_0;
+            type Packed = Packed16Q8;
+            type Lanes = __m512;
+            const NR: usize = 16;
+            #[inline]
+            unsafe fn pack(w: &[Self::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed16Q8]) {
+                pack_q8::<$src>(w, nb, j0, r1, out)
+            }
+            #[inline]
+            unsafe fn tile<const R: usize>(
+                pk: &[Packed16Q8],
+                acts: &Acts32<BlockQ8_0>,
+                i0: usize,
+            ) -> [__m512; R] {
+                tile_q8::<R>(pk, acts, i0)
+            }
+            #[inline]
+            unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
+                store16(dst, v, n)
+            }
+        }
+    };
 }
+repacked_q8!(super::avx2::Q8_0);
+repacked_q8!(X8<super::avx2::Q8_0>);
 
 /// Two 8-row vectors as one: `lo` in bits 0..256, `hi` in 256..512.
 #[inline(always)]
@@ -134,11 +141,11 @@ unsafe fn pack_q4<G: Group8>(w: &[G::W], nb: usize, j0: usize, r1: usize, out: &
 
 /// Repack weight rows `j0..j0 + 16` (rows `>= r1` repeat row `r1 - 1`) into `out[..nb]`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pack_q8(w: &[BlockQ8_0], nb: usize, j0: usize, r1: usize, out: &mut [Packed16Q8]) {
-    let (ra, rb) = (group_rows(w, nb, j0, r1), group_rows(w, nb, j0 + 8, r1));
+unsafe fn pack_q8<S: Q8Group>(w: &[S::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed16Q8]) {
+    let (ra, rb) = (S::group(w, nb, j0, r1), S::group(w, nb, j0 + 8, r1));
     for (b, p) in out[..nb].iter_mut().enumerate() {
-        let (va, da) = pack_block_q8(&ra, b);
-        let (vb, db) = pack_block_q8(&rb, b);
+        let (va, da) = S::block(ra, b);
+        let (vb, db) = S::block(rb, b);
         for h in 0..8 {
             _mm512_store_si512(p.qs[h].as_mut_ptr().cast(), join(va[h], vb[h]));
         }

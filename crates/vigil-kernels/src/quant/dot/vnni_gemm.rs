@@ -24,7 +24,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::avx2_gemm::{self, fold, store8, Group8, Nibble32, Packed};
-use super::avx2_gemm_q8::{self, Packed as PackedQ8};
+use super::avx2_gemm_q8::{self, Packed as PackedQ8, Q8Group};
 use super::gemm_driver::{drive, with_buffer, Repacked};
 use super::vnni::{AvxVnni, Vnni256};
 use super::Acts32;
@@ -63,29 +63,36 @@ impl<D: Vnni256, G: Group8> Repacked for Vnni<D, G> {
     }
 }
 
-impl<D: Vnni256> Repacked for Vnni<D, super::avx2::Q8_0> {
-    type W = BlockQ8_0;
-    type A = BlockQ8_0;
-    type Packed = PackedQ8;
-    type Lanes = __m256;
-    const NR: usize = 8;
-    #[inline(always)]
-    unsafe fn pack(w: &[BlockQ8_0], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ8]) {
-        avx2_gemm_q8::pack(w, nb, j0, r1, out)
-    }
-    #[inline(always)]
-    unsafe fn tile<const R: usize>(
-        pk: &[PackedQ8],
-        acts: &Acts32<BlockQ8_0>,
-        i0: usize,
-    ) -> [__m256; R] {
-        tile_q8::<D, R>(pk, acts, i0)
-    }
-    #[inline(always)]
-    unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
-        store8(dst, v, n)
-    }
+/// Q8_0 from either source (`avx2_gemm_q8::Q8Group`: row-major or interleaved at load).
+macro_rules! repacked_q8 {
+    ($src:ty) => {
+        impl<D: Vnni256> Repacked for Vnni<D, $src> {
+            type W = <$src as Q8Group>::W;
+            type A = BlockQ8_0;
+            type Packed = PackedQ8;
+            type Lanes = __m256;
+            const NR: usize = 8;
+            #[inline(always)]
+            unsafe fn pack(w: &[Self::W], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ8]) {
+                avx2_gemm_q8::pack::<$src>(w, nb, j0, r1, out)
+            }
+            #[inline(always)]
+            unsafe fn tile<const R: usize>(
+                pk: &[PackedQ8],
+                acts: &Acts32<BlockQ8_0>,
+                i0: usize,
+            ) -> [__m256; R] {
+                tile_q8::<D, R>(pk, acts, i0)
+            }
+            #[inline(always)]
+            unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
+                store8(dst, v, n)
+            }
+        }
+    };
 }
+repacked_q8!(super::avx2::Q8_0);
+repacked_q8!(avx2_gemm::X8<super::avx2::Q8_0>);
 
 /// 4 activation bytes at `p`, broadcast to every i32 lane.
 #[inline(always)]

@@ -1,0 +1,126 @@
+//! The decode tile for Q8_0 matrices interleaved at load (`storage::Layout::Interleaved8`,
+//! `BlockQ8_0x8`): one activation row against two groups of 8 weight rows at a time.
+//!
+//! A block of 8 rows is one run of bytes: 8 vectors each holding one dword of every row, and
+//! the 8 scales side by side. Each vector meets the activation's matching dword broadcast to
+//! every lane, so lane `k` collects row `k`'s exact integer block dot with no horizontal step,
+//! and one scale load and one multiply-add fold all 8 rows (`super::acc_q8`, in block order:
+//! the scalar path's bits). The product is signed × signed: `|w| · (y · sign w)`, as the
+//! row-major tile (`avx2::Q8_0`). The two groups share the activation's broadcasts.
+//!
+//! The same packing feeds the prefill GEMMs (`avx2_gemm_q8::Q8Group`), where a row-major
+//! matrix is transposed block by block on every call: SmolLM2's 49,152 × 576 output
+//! projection at 8 rows spent about half its time there.
+
+use super::avx2::{prefetch_sweep, Avx2, IntDot};
+use super::avx2_gemm::store8;
+use super::Acts32;
+use crate::quant::blocks::{BlockQ8_0, BlockQ8_0x8};
+use std::arch::x86_64::*;
+
+/// The 8 rows of each of `G` adjacent interleaved groups (`g`: their `G * nb` blocks) against
+/// activation row `i`; lane `k` of result `[j]` is row `k` of group `j`. `prefetch`: bytes
+/// from `g` to the blocks after the `G` groups; those are swept into L1 and the ones as far
+/// again into L2 (0: no sweeps).
+///
+/// # Safety
+/// AVX2+F16C and `D`'s features (inlined into an entry point enabling them); `g` addresses
+/// `G * nb` blocks; the activation side arrays cover row `i`.
+#[inline(always)]
+unsafe fn tile_x8<D: IntDot, const G: usize>(
+    g: *const BlockQ8_0x8,
+    acts: &Acts32<BlockQ8_0>,
+    i: usize,
+    prefetch: isize,
+) -> [__m256; G] {
+    let (m, nb) = (acts.m, acts.nb);
+    let a = acts.blocks.as_ptr().add(i * nb);
+    let step = std::mem::size_of::<BlockQ8_0x8>();
+    // As the row-major Q8_0 tile (`avx2::tile`): the group after next into L2, the next one
+    // into L1, so a matrix streamed from DRAM keeps its reads in flight.
+    let ahead = g.cast::<i8>().wrapping_offset(prefetch);
+    let after_next = ahead.wrapping_offset(prefetch);
+    let mut acc = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        if prefetch != 0 {
+            for j in 0..G {
+                prefetch_sweep::<_MM_HINT_T1>(after_next.wrapping_add(j * nb * step), b, step);
+                prefetch_sweep::<_MM_HINT_T0>(ahead.wrapping_add(j * nb * step), b, step);
+            }
+        }
+        let y = (*a.add(b)).qs.as_ptr();
+        let s: [__m256i; 8] =
+            std::array::from_fn(|h| _mm256_set1_epi32(y.add(4 * h).cast::<i32>().read_unaligned()));
+        let dy = _mm256_set1_ps(*acts.d.get_unchecked(b * m + i));
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let x = &*g.add(j * nb + b);
+            // Two chains, so that VNNI's one instruction a dword is not bound by its latency.
+            let mut sumi = [_mm256_setzero_si256(); 2];
+            for h in 0..8 {
+                let w = _mm256_loadu_si256(x.qs[h].as_ptr().cast());
+                let (u, sy) = (_mm256_sign_epi8(w, w), _mm256_sign_epi8(s[h], w));
+                sumi[h % 2] = D::dot4_acc(sumi[h % 2], u, sy);
+            }
+            let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
+            let dx = _mm256_cvtph_ps(_mm_loadu_si128(x.d.as_ptr().cast()));
+            let t = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dx, dy));
+            *acc = _mm256_add_ps(*acc, t);
+        }
+    }
+    acc
+}
+
+/// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1` of an
+/// interleaved Q8_0 matrix (`w`: its groups of `nb` blocks), two groups at a time; the groups'
+/// blocks stay in L1 for the activation rows after the first.
+///
+/// # Safety
+/// AVX2+FMA+F16C available; `r0` is a multiple of 8 and `w` holds the groups of rows `< r1`;
+/// `out` addresses `m * rows` floats and no other thread writes columns `r0..r1`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn matmul_rows_x8(
+    w: &[BlockQ8_0x8],
+    rows: usize,
+    acts: &Acts32<BlockQ8_0>,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    rows_x8_with::<Avx2>(w, rows, acts, r0, r1, out)
+}
+
+/// `matmul_rows_x8` with `D`'s integer dot: the body every entry point (here and in `vnni`)
+/// compiles for its ISA.
+///
+/// # Safety
+/// As `matmul_rows_x8`, plus `D`'s features.
+#[inline(always)]
+pub unsafe fn rows_x8_with<D: IntDot>(
+    w: &[BlockQ8_0x8],
+    rows: usize,
+    acts: &Acts32<BlockQ8_0>,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    debug_assert!(r0.is_multiple_of(8));
+    let nb = acts.nb;
+    let next = (nb * std::mem::size_of::<BlockQ8_0x8>()) as isize;
+    let mut j0 = r0;
+    while j0 + 8 < r1 {
+        let g = w.as_ptr().add(j0 / 8 * nb);
+        for i in 0..acts.m {
+            let acc = tile_x8::<D, 2>(g, acts, i, if i == 0 { 2 * next } else { 0 });
+            store8(out.add(i * rows + j0), acc[0], 8);
+            store8(out.add(i * rows + j0 + 8), acc[1], (r1 - j0 - 8).min(8));
+        }
+        j0 += 16;
+    }
+    if j0 < r1 {
+        let g = w.as_ptr().add(j0 / 8 * nb);
+        for i in 0..acts.m {
+            let [acc] = tile_x8::<D, 1>(g, acts, i, if i == 0 { next } else { 0 });
+            store8(out.add(i * rows + j0), acc, (r1 - j0).min(8));
+        }
+    }
+}
