@@ -120,7 +120,7 @@ fn top_n(row: &[f32], n: usize) -> Vec<u32> {
 }
 
 #[test]
-fn four_bit_layers_load_interleaved_for_the_kernels() {
+fn quantized_matrices_load_interleaved_for_the_kernels() {
     use vigil_kernels::cpu::{self, Isa};
     use vigil_kernels::Layout;
     let Some(path) = gguf_path() else { return };
@@ -137,9 +137,16 @@ fn four_bit_layers_load_interleaved_for_the_kernels() {
             assert_eq!(m.layout, want, "layer {i} {name}");
         }
     }
-    // Read a row at a time by the lookup, and tied: left as the checkpoint has it.
-    assert_eq!(weights.token_embd.layout, Layout::Rows);
-    assert_eq!(weights.output.layout, Layout::Rows);
+    // The tied Q8_0 embedding is the output projection too: interleaved once, shared by both
+    // (a lookup takes its rows back out of the groups, bit for bit as the checkpoint's rows).
+    assert_eq!(weights.output.dtype, vigil_kernels::DType::Q8_0);
+    assert_eq!(weights.output.layout, want);
+    assert_eq!(weights.token_embd.layout, want);
+    assert_eq!(
+        weights.token_embd.data.bytes().as_ptr(),
+        weights.output.data.bytes().as_ptr(),
+        "one copy for the tied pair"
+    );
 }
 
 #[test]
