@@ -201,16 +201,49 @@ pub unsafe fn matmul_rows_x8<F: Nibble32>(
     rows_x8_with::<Avx2, F>(w, rows, acts, r0, r1, out)
 }
 
-/// `matmul_rows_x8` with `D`'s integer dot: the body every entry point (here and in `vnni`)
-/// compiles for its ISA.
+/// A format's decode tile over interleaved groups, as `rows_x8_with` drives it: the 4-bit
+/// formats' `tile_x8` here, Q8_0's in `avx2_q8_decode`.
+pub trait GroupTiles {
+    /// The interleaved block of 8 rows.
+    type X8;
+    /// The activation block.
+    type A;
+    /// The 8 rows of each of `G` adjacent groups against activation row `i` (as `tile_x8`).
+    ///
+    /// # Safety
+    /// As `tile_x8`.
+    unsafe fn tiles<D: IntDot, const G: usize>(
+        g: *const Self::X8,
+        acts: &Acts32<Self::A>,
+        i: usize,
+        prefetch: isize,
+    ) -> [__m256; G];
+}
+
+impl<F: Nibble32> GroupTiles for F {
+    type X8 = F::X8;
+    type A = F::A;
+    #[inline(always)]
+    unsafe fn tiles<D: IntDot, const G: usize>(
+        g: *const F::X8,
+        acts: &Acts32<F::A>,
+        i: usize,
+        prefetch: isize,
+    ) -> [__m256; G] {
+        tile_x8::<D, F, G>(g, acts, i, prefetch)
+    }
+}
+
+/// `matmul_rows_x8` with `D`'s integer dot and `T`'s tile: the body every interleaved decode
+/// entry point (here, in `avx2_q8_decode` and in `vnni`) compiles for its ISA.
 ///
 /// # Safety
 /// As `matmul_rows_x8`, plus `D`'s features.
 #[inline(always)]
-pub unsafe fn rows_x8_with<D: IntDot, F: Nibble32>(
-    w: &[F::X8],
+pub unsafe fn rows_x8_with<D: IntDot, T: GroupTiles>(
+    w: &[T::X8],
     rows: usize,
-    acts: &Acts32<F::A>,
+    acts: &Acts32<T::A>,
     r0: usize,
     r1: usize,
     out: *mut f32,
@@ -218,13 +251,13 @@ pub unsafe fn rows_x8_with<D: IntDot, F: Nibble32>(
     debug_assert!(r0.is_multiple_of(8));
     let nb = acts.nb;
     // Decode streams the weights once: sweep the next group while computing this one.
-    let next = (nb * std::mem::size_of::<F::X8>()) as isize;
+    let next = (nb * std::mem::size_of::<T::X8>()) as isize;
     let mut j0 = r0;
     // Two groups at a time share the activation's broadcasts; an odd last group goes alone.
     while j0 + 8 < r1 {
         let g = w.as_ptr().add(j0 / 8 * nb);
         for i in 0..acts.m {
-            let acc = tile_x8::<D, F, 2>(g, acts, i, if i == 0 { 2 * next } else { 0 });
+            let acc = T::tiles::<D, 2>(g, acts, i, if i == 0 { 2 * next } else { 0 });
             store8(out.add(i * rows + j0), acc[0], 8);
             store8(out.add(i * rows + j0 + 8), acc[1], (r1 - j0 - 8).min(8));
         }
@@ -233,7 +266,7 @@ pub unsafe fn rows_x8_with<D: IntDot, F: Nibble32>(
     if j0 < r1 {
         let g = w.as_ptr().add(j0 / 8 * nb);
         for i in 0..acts.m {
-            let [acc] = tile_x8::<D, F, 1>(g, acts, i, if i == 0 { next } else { 0 });
+            let [acc] = T::tiles::<D, 1>(g, acts, i, if i == 0 { next } else { 0 });
             store8(out.add(i * rows + j0), acc, (r1 - j0).min(8));
         }
     }

@@ -12,8 +12,8 @@
 //! matrix is transposed block by block on every call: SmolLM2's 49,152 × 576 output
 //! projection at 8 rows spent about half its time there.
 
-use super::avx2::{prefetch_sweep, Avx2, IntDot};
-use super::avx2_gemm::store8;
+use super::avx2::{prefetch_sweep, Avx2, IntDot, Q8_0};
+use super::avx2_q4_decode::{rows_x8_with, GroupTiles};
 use super::Acts32;
 use crate::quant::blocks::{BlockQ8_0, BlockQ8_0x8};
 use std::arch::x86_64::*;
@@ -70,8 +70,22 @@ unsafe fn tile_x8<D: IntDot, const G: usize>(
     acc
 }
 
+impl GroupTiles for Q8_0 {
+    type X8 = BlockQ8_0x8;
+    type A = BlockQ8_0;
+    #[inline(always)]
+    unsafe fn tiles<D: IntDot, const G: usize>(
+        g: *const BlockQ8_0x8,
+        acts: &Acts32<BlockQ8_0>,
+        i: usize,
+        prefetch: isize,
+    ) -> [__m256; G] {
+        tile_x8::<D, G>(g, acts, i, prefetch)
+    }
+}
+
 /// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1` of an
-/// interleaved Q8_0 matrix (`w`: its groups of `nb` blocks), two groups at a time; the groups'
+/// interleaved Q8_0 matrix (`w`: its groups of `nb` blocks), two groups at a time (`avx2_q4_decode::rows_x8_with`); the groups'
 /// blocks stay in L1 for the activation rows after the first.
 ///
 /// # Safety
@@ -86,41 +100,5 @@ pub unsafe fn matmul_rows_x8(
     r1: usize,
     out: *mut f32,
 ) {
-    rows_x8_with::<Avx2>(w, rows, acts, r0, r1, out)
-}
-
-/// `matmul_rows_x8` with `D`'s integer dot: the body every entry point (here and in `vnni`)
-/// compiles for its ISA.
-///
-/// # Safety
-/// As `matmul_rows_x8`, plus `D`'s features.
-#[inline(always)]
-pub unsafe fn rows_x8_with<D: IntDot>(
-    w: &[BlockQ8_0x8],
-    rows: usize,
-    acts: &Acts32<BlockQ8_0>,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
-    debug_assert!(r0.is_multiple_of(8));
-    let nb = acts.nb;
-    let next = (nb * std::mem::size_of::<BlockQ8_0x8>()) as isize;
-    let mut j0 = r0;
-    while j0 + 8 < r1 {
-        let g = w.as_ptr().add(j0 / 8 * nb);
-        for i in 0..acts.m {
-            let acc = tile_x8::<D, 2>(g, acts, i, if i == 0 { 2 * next } else { 0 });
-            store8(out.add(i * rows + j0), acc[0], 8);
-            store8(out.add(i * rows + j0 + 8), acc[1], (r1 - j0 - 8).min(8));
-        }
-        j0 += 16;
-    }
-    if j0 < r1 {
-        let g = w.as_ptr().add(j0 / 8 * nb);
-        for i in 0..acts.m {
-            let [acc] = tile_x8::<D, 1>(g, acts, i, if i == 0 { next } else { 0 });
-            store8(out.add(i * rows + j0), acc, (r1 - j0).min(8));
-        }
-    }
+    rows_x8_with::<Avx2, Q8_0>(w, rows, acts, r0, r1, out)
 }

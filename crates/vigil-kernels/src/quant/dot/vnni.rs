@@ -14,8 +14,8 @@
 use super::avx2::{self, Fmt32, IntDot};
 use super::avx2_gemm::Nibble32;
 use super::avx2_k::{self, FmtK};
+use super::avx2_q4_decode;
 use super::Acts32;
-use super::{avx2_q4_decode, avx2_q8_decode};
 use crate::quant::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_0x8};
 use std::arch::x86_64::*;
 
@@ -166,7 +166,7 @@ pub unsafe fn rows_x8_q8_avx_vnni(
     r1: usize,
     out: *mut f32,
 ) {
-    avx2_q8_decode::rows_x8_with::<AvxVnni>(w, rows, acts, r0, r1, out)
+    avx2_q4_decode::rows_x8_with::<AvxVnni, avx2::Q8_0>(w, rows, acts, r0, r1, out)
 }
 
 /// `avx2_q8_decode::matmul_rows_x8` (interleaved Q8_0, decode) with AVX512-VNNI on 256 bits.
@@ -183,7 +183,7 @@ pub unsafe fn rows_x8_q8_avx512vl(
     r1: usize,
     out: *mut f32,
 ) {
-    avx2_q8_decode::rows_x8_with::<Avx512Vl>(w, rows, acts, r0, r1, out)
+    avx2_q4_decode::rows_x8_with::<Avx512Vl, avx2::Q8_0>(w, rows, acts, r0, r1, out)
 }
 
 /// `avx2_k::matmul_rows` (k-quants) with AVX-VNNI.
