@@ -1,6 +1,6 @@
 //! The worker pool: every task runs exactly once per call, on contiguous per-thread ranges,
 //! with closures borrowing the caller's stack, across many back-to-back calls, idle gaps that
-//! let workers park, nested calls, and panics.
+//! let workers park, nested calls, panics, and warm hints that outlive the memory they name.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -122,4 +122,25 @@ fn a_panicking_task_reaches_the_caller_and_the_pool_survives() {
         hits.fetch_add(1, Ordering::Relaxed);
     });
     assert_eq!(hits.load(Ordering::Relaxed), 10);
+}
+
+#[test]
+fn a_warm_hint_naming_freed_memory_changes_nothing() {
+    let pool = ThreadPool::new(2);
+    let weights = vec![7u8; 1 << 20];
+    pool.warm_next(&[&weights, &weights[..4096]]);
+    let total = AtomicUsize::new(0);
+    pool.run(64, |i| {
+        total.fetch_add(i, Ordering::Relaxed);
+    });
+    // The hint now names freed memory; waiting threads keep prefetching it, which must
+    // neither fault nor disturb the jobs.
+    drop(weights);
+    for _ in 0..200 {
+        pool.run(64, |i| {
+            total.fetch_add(i, Ordering::Relaxed);
+        });
+    }
+    pool.warm_next(&[]);
+    assert_eq!(total.load(Ordering::Relaxed), 201 * (63 * 64 / 2));
 }

@@ -165,6 +165,8 @@ impl Model {
             let k = sized(&mut s.k, t * kv_dim);
             let v = sized(&mut s.v, t * kv_dim);
             let qkv = [&layer.wq, &layer.wk, &layer.wv];
+            // Threads waiting between jobs pull the next matmul's weights toward the cache.
+            pool.warm_next(&[layer.wo.data.bytes()]);
             matmul_group(pool, &qkv, xn, t, &mut [&mut q[..], &mut k[..], &mut v[..]]);
             let (qn, kn) = match (&layer.q_norm, &layer.k_norm) {
                 (Some(qn), Some(kn)) => (Some(&qn[..]), Some(&kn[..])),
@@ -193,6 +195,12 @@ impl Model {
                 }
             }
             let proj = sized(&mut s.proj, t * h);
+            match &layer.ffn {
+                FeedForward::Dense(mlp) => {
+                    pool.warm_next(&[mlp.gate.data.bytes(), mlp.up.data.bytes()])
+                }
+                FeedForward::Sparse(_) => pool.warm_next(&[]),
+            }
             matmul(pool, &layer.wo, attn, t, proj);
             residual(
                 pool,
@@ -214,7 +222,11 @@ impl Model {
             match &layer.ffn {
                 FeedForward::Dense(mlp) => {
                     let act = c.activation;
-                    mlp_forward(pool, mlp, act, xn, t, &mut s.gate, &mut s.up, proj);
+                    let next = w.layers.get(li + 1).map_or_else(
+                        || [w.output.data.bytes(), &[], &[]],
+                        |l| [l.wq.data.bytes(), l.wk.data.bytes(), l.wv.data.bytes()],
+                    );
+                    mlp_forward(pool, mlp, act, xn, t, &mut s.gate, &mut s.up, proj, &next);
                     let inter = mlp.gate.rows;
                     see("ffn_up", Some(li), &s.up[..t * inter]);
                     see("ffn_swiglu", Some(li), &s.gate[..t * inter]);
@@ -252,6 +264,10 @@ impl Model {
         }
         see("result_norm", None, sampled);
         let logits = sized(&mut s.logits, n * c.vocab_size);
+        // The next step starts with the first layer's projections.
+        if let Some(l) = w.layers.first() {
+            pool.warm_next(&[l.wq.data.bytes(), l.wk.data.bytes(), l.wv.data.bytes()]);
+        }
         matmul(pool, &w.output, sampled, n, logits);
         see("result_output", None, logits);
         &s.logits[..n * c.vocab_size]
@@ -316,8 +332,10 @@ fn mlp_forward(
     gate: &mut Vec<f32>,
     up: &mut Vec<f32>,
     out: &mut [f32],
+    then: &[&[u8]],
 ) {
     let inter = mlp.gate.rows;
+    pool.warm_next(&[mlp.down.data.bytes()]);
     let g = sized(gate, t * inter);
     let u = sized(up, t * inter);
     matmul_group(
@@ -335,6 +353,7 @@ fn mlp_forward(
             Activation::GeluTanh => gelu_tanh_mul_inplace(rows, up),
         }
     });
+    pool.warm_next(then);
     matmul(pool, &mlp.down, g, t, out);
 }
 
@@ -399,6 +418,7 @@ fn moe_forward(
             s.gate,
             s.up,
             expert_out,
+            &[],
         );
         for (src, &i) in expert_out.chunks_exact(h).zip(&routed) {
             choice_out[i * h..(i + 1) * h].copy_from_slice(src);

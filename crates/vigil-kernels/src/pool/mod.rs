@@ -13,8 +13,14 @@
 //! delays a step by at most one of its chunks instead of its whole share. Which thread runs a
 //! chunk never changes what the chunk computes.
 //!
+//! While a thread waits (a worker for the next job, the caller for the job's last chunks) it
+//! prefetches the part of the next job's weights it will read first, when the caller named
+//! them with [`ThreadPool::warm_next`] (see `warm`).
+//!
 //! A `run` issued from inside a task (nested parallelism) runs inline on the calling thread.
 //! A panic in any task is re-raised on the caller after every chunk has finished.
+
+mod warm;
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -22,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use warm::{WarmCursor, WarmHint};
 
 /// Chunks each thread owns per job: more lets busy threads take over a stalled one's work,
 /// at the cost of one atomic claim per chunk.
@@ -61,6 +68,8 @@ struct Shared {
     job: std::cell::UnsafeCell<Job>,
     lock: Mutex<()>,
     wake: Condvar,
+    /// What the next job will read, for waiting threads to prefetch.
+    warm: WarmHint,
     num_threads: usize,
     num_chunks: usize,
 }
@@ -75,8 +84,9 @@ unsafe impl Send for Shared {}
 pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
-    /// Serializes callers: one job in flight at a time.
-    submit: Mutex<()>,
+    /// Serializes callers: one job in flight at a time. Holds the caller's progress through
+    /// the warm hint.
+    submit: Mutex<WarmCursor>,
 }
 
 thread_local! {
@@ -103,6 +113,7 @@ impl ThreadPool {
             }),
             lock: Mutex::new(()),
             wake: Condvar::new(),
+            warm: WarmHint::default(),
             num_threads,
             num_chunks: num_threads * CHUNKS_PER_THREAD,
         });
@@ -121,7 +132,7 @@ impl ThreadPool {
         ThreadPool {
             shared,
             workers,
-            submit: Mutex::new(()),
+            submit: Mutex::new(WarmCursor::default()),
         }
     }
 
@@ -159,6 +170,15 @@ impl ThreadPool {
         });
     }
 
+    /// Name the bytes the job after the next `run` will read (up to 4 ranges, in its tasks'
+    /// order: a matmul's weight matrices), so that threads waiting in between pull their
+    /// parts toward the cache. A hint stays until the next one; an empty one clears it.
+    pub fn warm_next(&self, ranges: &[&[u8]]) {
+        if self.shared.num_threads > 1 {
+            self.shared.warm.set(ranges);
+        }
+    }
+
     /// Run `f(i)` for every `i` in `0..n_tasks`, split into contiguous chunks (a few per
     /// thread), and return when all have finished. `f` may borrow from the caller's stack.
     pub fn run<F: Fn(usize) + Sync>(&self, n_tasks: usize, f: F) {
@@ -167,7 +187,7 @@ impl ThreadPool {
             (0..n_tasks).for_each(&f);
             return;
         }
-        let _serial = self.submit.lock().unwrap_or_else(|e| e.into_inner());
+        let mut serial = self.submit.lock().unwrap_or_else(|e| e.into_inner());
         let shared = &*self.shared;
         let task: &Task<'_> = &f;
         // SAFETY: the lifetime is erased only for as long as this call, which does not return
@@ -193,7 +213,7 @@ impl ThreadPool {
         }));
         IN_POOL_TASK.with(|c| c.set(false));
 
-        wait_for_chunks(shared);
+        wait_for_chunks(shared, &mut serial);
         if let Err(payload) = mine {
             resume_unwind(payload);
         }
@@ -208,12 +228,16 @@ impl ThreadPool {
     }
 }
 
-/// Spin until every chunk of the job has finished; past `SPIN_BEFORE_YIELD`, yield the CPU
-/// between checks (a worker the OS descheduled may be waiting for this core).
-fn wait_for_chunks(shared: &Shared) {
+/// Spin until every chunk of the job has finished, warming the next job's first weights;
+/// past `SPIN_BEFORE_YIELD`, yield the CPU between checks (a worker the OS descheduled may be
+/// waiting for this core).
+fn wait_for_chunks(shared: &Shared, warm: &mut WarmCursor) {
     let mut spins = 0u32;
     let mut since: Option<Instant> = None;
     while shared.remaining.load(Ordering::Acquire) > 0 {
+        if warm.step(&shared.warm, 0, shared.num_threads) {
+            continue;
+        }
         spins = spins.wrapping_add(1);
         if !spins.is_multiple_of(64) {
             std::hint::spin_loop();
@@ -273,8 +297,9 @@ fn claim_from(
 fn worker_loop(shared: &Shared, t: usize) {
     IN_POOL_TASK.with(|c| c.set(true));
     let mut seen = 0usize;
+    let mut warm = WarmCursor::default();
     loop {
-        let epoch = wait_for_epoch(shared, seen);
+        let epoch = wait_for_epoch(shared, seen, t, &mut warm);
         if shared.shutdown.load(Ordering::SeqCst) {
             return;
         }
@@ -300,8 +325,9 @@ fn worker_loop(shared: &Shared, t: usize) {
         }
     }
 }
-/// Spin, then park, until the epoch moves past `seen` (or shutdown); returns the new epoch.
-fn wait_for_epoch(shared: &Shared, seen: usize) -> usize {
+/// Spin (warming worker `t`'s part of the next job's weights), then park, until the epoch
+/// moves past `seen` (or shutdown); returns the new epoch.
+fn wait_for_epoch(shared: &Shared, seen: usize, t: usize, warm: &mut WarmCursor) -> usize {
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
@@ -313,7 +339,9 @@ fn wait_for_epoch(shared: &Shared, seen: usize) -> usize {
         if spins.is_multiple_of(256) && start.elapsed() > SPIN_BEFORE_PARK {
             break;
         }
-        std::hint::spin_loop();
+        if !warm.step(&shared.warm, t, shared.num_threads) {
+            std::hint::spin_loop();
+        }
     }
     let mut guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
     shared.sleeping.fetch_add(1, Ordering::SeqCst);
