@@ -516,14 +516,7 @@ mod simd {
             let os: [*mut f32; 6] = std::array::from_fn(|i| out[last(i)]);
             let ws: [*const f32; 6] = std::array::from_fn(|i| w[last(i)]);
             let ns: [usize; 6] = std::array::from_fn(|i| n[last(i)]);
-            // Three queries (a decode step's group in SmolLM2) as two and one on AVX2: 3 × 4
-            // sums and 4 values overflow the 16 registers, and a spilled sum's store and reload
-            // sits in its chain of FMAs, about doubling the time per key; two passes over
-            // the (cached) value rows cost less.
-            let take = match nq - i0 {
-                3 if !wide => 2,
-                left => left.min(6),
-            };
+            let take = (nq - i0).min(6);
             match take {
                 1 => weighted_sums_group::<E, 1>(&os, &ws, &ns, v, d, wide),
                 2 => weighted_sums_group::<E, 2>(&os, &ws, &ns, v, d, wide),
@@ -549,8 +542,10 @@ mod simd {
     ) {
         let mut s = 0;
         if avx512 {
-            // 16-wide slices; every output element gets the same FMAs in the same order.
-            let c = if NQ <= 2 { 4 } else { 2 };
+            // 16-wide slices; every output element gets the same FMAs in the same order. With
+            // 32 registers, 3 queries (a decode step's group in SmolLM2) take 12 sums: a
+            // head of 64 in one pass over the keys, 3 % less time a step than two passes of 6.
+            let c = if NQ <= 3 { 4 } else { 2 };
             while s + 16 * c <= d {
                 if c == 4 {
                     weighted_sums_slice16::<E, NQ, 4>(out, w, n, v, s);
@@ -564,24 +559,32 @@ mod simd {
                 s += 16;
             }
         }
-        // Column vectors per pass: as many as the 16 registers hold accumulators for. 3
-        // queries (a decode step's heads of one KV head in SmolLM2) take 4, 12 accumulators
-        // (with the 4 value vectors one over, and still faster, measured at `VALUE_PREFETCH`):
-        // one pass over the keys per 32 columns, so each 64-byte value line is read once.
-        let wide = if NQ == 1 {
-            8
-        } else if NQ <= 3 {
-            4
-        } else {
-            2
+        // Column vectors per pass: as many as the 16 registers hold accumulators for, and
+        // at least 8 of them where they fit, since each is a chain of FMAs (4 cycles each)
+        // over the keys and two issue a cycle. 3 queries (a decode step's heads of one KV
+        // head in SmolLM2) take 3 vectors (9 sums, the 3 value vectors and 3 weights: 15
+        // registers), then 2: a head of 64 is passes of 24, 24 and 16 columns. Splitting
+        // them as 2 + 1 queries of 32 columns (8 chains, then 4 that wait on their latency)
+        // took 5 % more time a decode step's attention with the keys in L2, and 4 × 3
+        // spills a sum into its chain.
+        let wide = match NQ {
+            1 => 8,
+            2 => 4,
+            3 => 3,
+            _ => 2,
         };
         while s + 8 * wide <= d {
             match wide {
                 8 => weighted_sums_slice::<E, NQ, 8>(out, w, n, v, s),
                 4 => weighted_sums_slice::<E, NQ, 4>(out, w, n, v, s),
+                3 => weighted_sums_slice::<E, NQ, 3>(out, w, n, v, s),
                 _ => weighted_sums_slice::<E, NQ, 2>(out, w, n, v, s),
             }
             s += 8 * wide;
+        }
+        if wide > 2 && s + 16 <= d {
+            weighted_sums_slice::<E, NQ, 2>(out, w, n, v, s);
+            s += 16;
         }
         while s < d {
             weighted_sums_slice::<E, NQ, 1>(out, w, n, v, s);
