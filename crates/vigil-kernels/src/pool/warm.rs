@@ -64,6 +64,8 @@ impl WarmHint {
 pub struct WarmCursor {
     generation: usize,
     done: usize,
+    /// This thread's part of the current hint is fetched: spins only read `generation`.
+    finished: bool,
 }
 
 impl WarmCursor {
@@ -74,11 +76,16 @@ impl WarmCursor {
         if generation != self.generation {
             self.generation = generation;
             self.done = 0;
+            self.finished = false;
+        }
+        if self.finished {
+            return false;
         }
         let ranges = hint.snapshot();
         let total: usize = ranges.iter().map(|r| r.1).sum();
         let share = (total / n.max(1)).min(WARM_MAX_BYTES);
         if self.done >= share {
+            self.finished = true;
             return false;
         }
         let start = t * (total / n.max(1)) + self.done;
