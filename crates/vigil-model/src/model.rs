@@ -322,6 +322,8 @@ fn attend<E: KvElem + bytemuck::Pod>(
     paged_attention(pool, shape, q, k_cache, v_cache, seqs, out);
 }
 
+/// The gated MLP: `out = down(act(gate · x) * (up · x))`. `then` names the weights of the
+/// matmul after `down`, for the pool's waiting threads to warm (`ThreadPool::warm_next`).
 #[allow(clippy::too_many_arguments)]
 fn mlp_forward(
     pool: &ThreadPool,
