@@ -531,8 +531,10 @@ trait Fmt32x8: Fmt32Path<W: Interleave> {
     );
 }
 
-/// `$fmt` as in `fmt32!`. Decode (below `GEMM_MIN_ROWS`) reads the groups in place
-/// (`avx2_q4_decode::tile_x8`); prefill runs the level's GEMM with packing from them (`X8`).
+/// `$fmt` as in `fmt32!`. Decode (below `GEMM_MIN_ROWS`) reads the groups in place with the
+/// format's group tiles (`avx2_q4_decode::GroupTiles`: Q4_0 / Q4_1 there, Q8_0 in
+/// `avx2_q8_decode`); prefill runs the level's GEMM, whose packing from them is loads (`X8`:
+/// `avx2_gemm::Group8`, `avx2_gemm_q8::Q8Group`).
 macro_rules! fmt32x8 {
     ($name:ident, $fmt:ty) => {
         impl Fmt32x8 for $name {
@@ -569,37 +571,7 @@ macro_rules! fmt32x8 {
 
 fmt32x8!(Q4_0Fmt, crate::quant::dot::avx2::Q4_0);
 fmt32x8!(Q4_1Fmt, crate::quant::dot::avx2::Q4_1);
-
-/// Q8_0 interleaved: decode reads the groups in place (`avx2_q8_decode`); prefill runs the
-/// level's GEMM, whose packing is then loads (`avx2_gemm_q8::Q8Group`).
-impl Fmt32x8 for Q8_0Fmt {
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn simd_rows_x8(
-        isa: Isa,
-        w: &[BlockQ8_0x8],
-        rows: usize,
-        acts: &Acts32<BlockQ8_0>,
-        r0: usize,
-        r1: usize,
-        out: *mut f32,
-    ) {
-        use crate::quant::dot::avx2::Q8_0;
-        use crate::quant::dot::avx2_gemm::X8;
-        use crate::quant::dot::{avx2_gemm, avx2_q8_decode, avx512_gemm, vnni, vnni_gemm};
-        if acts.m < GEMM_MIN_ROWS {
-            return match isa {
-                Isa::Avx512 => vnni::rows_x8_q8_avx512vl(w, rows, acts, r0, r1, out),
-                Isa::AvxVnni => vnni::rows_x8_q8_avx_vnni(w, rows, acts, r0, r1, out),
-                _ => avx2_q8_decode::matmul_rows_x8(w, rows, acts, r0, r1, out),
-            };
-        }
-        match isa {
-            Isa::Avx512 => avx512_gemm::matmul_rows::<X8<Q8_0>>(w, rows, acts, r0, r1, out),
-            Isa::AvxVnni => vnni_gemm::matmul_rows_avx_vnni::<X8<Q8_0>>(w, rows, acts, r0, r1, out),
-            _ => avx2_gemm::matmul_rows::<X8<Q8_0>>(w, rows, acts, r0, r1, out),
-        }
-    }
-}
+fmt32x8!(Q8_0Fmt, crate::quant::dot::avx2::Q8_0);
 
 /// `rows_32` for an interleaved matrix: `w` its groups (`r0` a multiple of 8). The scalar
 /// path takes each group back to rows and runs the row-major dot.

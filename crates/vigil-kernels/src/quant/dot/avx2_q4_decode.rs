@@ -183,22 +183,23 @@ unsafe fn side_scales<F: Nibble32>(acts: &Acts32<F::A>, side: usize) -> (__m256,
 }
 
 /// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1` of an
-/// interleaved matrix (`w`: its groups of `nb` blocks), one group at a time; the group's
-/// blocks stay in L1 for the activation rows after the first.
+/// interleaved matrix (`w`: its groups of `nb` blocks) of any format with group tiles (Q4_0,
+/// Q4_1 here, Q8_0 in `avx2_q8_decode`), two groups at a time; the groups' blocks stay in L1
+/// for the activation rows after the first.
 ///
 /// # Safety
 /// AVX2+FMA+F16C available; `r0` is a multiple of 8 and `w` holds the groups of rows
 /// `< r1`; `out` addresses `m * rows` floats and no other thread writes columns `r0..r1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn matmul_rows_x8<F: Nibble32>(
-    w: &[F::X8],
+pub unsafe fn matmul_rows_x8<T: GroupTiles>(
+    w: &[T::X8],
     rows: usize,
-    acts: &Acts32<F::A>,
+    acts: &Acts32<T::A>,
     r0: usize,
     r1: usize,
     out: *mut f32,
 ) {
-    rows_x8_with::<Avx2, F>(w, rows, acts, r0, r1, out)
+    rows_x8_with::<Avx2, T>(w, rows, acts, r0, r1, out)
 }
 
 /// A format's decode tile over interleaved groups, as `rows_x8_with` drives it: the 4-bit

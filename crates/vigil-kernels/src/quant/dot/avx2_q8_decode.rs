@@ -12,8 +12,8 @@
 //! matrix is transposed block by block on every call: SmolLM2's 49,152 × 576 output
 //! projection at 8 rows spent about half its time there.
 
-use super::avx2::{prefetch_sweep, Avx2, IntDot, Q8_0};
-use super::avx2_q4_decode::{rows_x8_with, GroupTiles};
+use super::avx2::{prefetch_sweep, IntDot, Q8_0};
+use super::avx2_q4_decode::GroupTiles;
 use super::Acts32;
 use crate::quant::blocks::{BlockQ8_0, BlockQ8_0x8};
 use std::arch::x86_64::*;
@@ -82,23 +82,4 @@ impl GroupTiles for Q8_0 {
     ) -> [__m256; G] {
         tile_x8::<D, G>(g, acts, i, prefetch)
     }
-}
-
-/// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1` of an
-/// interleaved Q8_0 matrix (`w`: its groups of `nb` blocks), two groups at a time (`avx2_q4_decode::rows_x8_with`); the groups'
-/// blocks stay in L1 for the activation rows after the first.
-///
-/// # Safety
-/// AVX2+FMA+F16C available; `r0` is a multiple of 8 and `w` holds the groups of rows `< r1`;
-/// `out` addresses `m * rows` floats and no other thread writes columns `r0..r1`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn matmul_rows_x8(
-    w: &[BlockQ8_0x8],
-    rows: usize,
-    acts: &Acts32<BlockQ8_0>,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
-    rows_x8_with::<Avx2, Q8_0>(w, rows, acts, r0, r1, out)
 }

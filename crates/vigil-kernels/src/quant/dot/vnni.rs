@@ -12,11 +12,10 @@
 //! generic kernels, so each is compiled with its encoding's instructions inline.
 
 use super::avx2::{self, Fmt32, IntDot};
-use super::avx2_gemm::Nibble32;
 use super::avx2_k::{self, FmtK};
-use super::avx2_q4_decode;
+use super::avx2_q4_decode::{self, GroupTiles};
 use super::Acts32;
-use crate::quant::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_0x8};
+use crate::quant::blocks::BlockQ8K;
 use std::arch::x86_64::*;
 
 /// A 256-bit VNNI encoding.
@@ -119,71 +118,38 @@ pub unsafe fn rows32_avx512vl<F: Fmt32>(
     avx2::rows_with::<Avx512Vl, F>(w, rows, acts, r0, r1, out)
 }
 
-/// `avx2_q4_decode::matmul_rows_x8` (interleaved Q4_0 / Q4_1, decode) with AVX-VNNI.
+/// `avx2_q4_decode::matmul_rows_x8` (interleaved Q4_0 / Q4_1 / Q8_0, decode) with AVX-VNNI.
 ///
 /// # Safety
 /// AVX2+FMA+F16C+AVX-VNNI available; otherwise as `avx2_q4_decode::matmul_rows_x8`.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub unsafe fn rows_x8_avx_vnni<F: Nibble32>(
-    w: &[F::X8],
+pub unsafe fn rows_x8_avx_vnni<T: GroupTiles>(
+    w: &[T::X8],
     rows: usize,
-    acts: &Acts32<F::A>,
+    acts: &Acts32<T::A>,
     r0: usize,
     r1: usize,
     out: *mut f32,
 ) {
-    avx2_q4_decode::rows_x8_with::<AvxVnni, F>(w, rows, acts, r0, r1, out)
+    avx2_q4_decode::rows_x8_with::<AvxVnni, T>(w, rows, acts, r0, r1, out)
 }
 
-/// `avx2_q4_decode::matmul_rows_x8` (interleaved Q4_0 / Q4_1, decode) with AVX512-VNNI on
-/// 256 bits.
+/// `avx2_q4_decode::matmul_rows_x8` (interleaved Q4_0 / Q4_1 / Q8_0, decode) with
+/// AVX512-VNNI on 256 bits.
 ///
 /// # Safety
 /// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI available; otherwise as
 /// `avx2_q4_decode::matmul_rows_x8`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn rows_x8_avx512vl<F: Nibble32>(
-    w: &[F::X8],
+pub unsafe fn rows_x8_avx512vl<T: GroupTiles>(
+    w: &[T::X8],
     rows: usize,
-    acts: &Acts32<F::A>,
+    acts: &Acts32<T::A>,
     r0: usize,
     r1: usize,
     out: *mut f32,
 ) {
-    avx2_q4_decode::rows_x8_with::<Avx512Vl, F>(w, rows, acts, r0, r1, out)
-}
-
-/// `avx2_q8_decode::matmul_rows_x8` (interleaved Q8_0, decode) with AVX-VNNI.
-///
-/// # Safety
-/// AVX2+FMA+F16C+AVX-VNNI available; otherwise as `avx2_q8_decode::matmul_rows_x8`.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub unsafe fn rows_x8_q8_avx_vnni(
-    w: &[BlockQ8_0x8],
-    rows: usize,
-    acts: &Acts32<BlockQ8_0>,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
-    avx2_q4_decode::rows_x8_with::<AvxVnni, avx2::Q8_0>(w, rows, acts, r0, r1, out)
-}
-
-/// `avx2_q8_decode::matmul_rows_x8` (interleaved Q8_0, decode) with AVX512-VNNI on 256 bits.
-///
-/// # Safety
-/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI available; otherwise as
-/// `avx2_q8_decode::matmul_rows_x8`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn rows_x8_q8_avx512vl(
-    w: &[BlockQ8_0x8],
-    rows: usize,
-    acts: &Acts32<BlockQ8_0>,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
-    avx2_q4_decode::rows_x8_with::<Avx512Vl, avx2::Q8_0>(w, rows, acts, r0, r1, out)
+    avx2_q4_decode::rows_x8_with::<Avx512Vl, T>(w, rows, acts, r0, r1, out)
 }
 
 /// `avx2_k::matmul_rows` (k-quants) with AVX-VNNI.
