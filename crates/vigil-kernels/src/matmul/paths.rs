@@ -1,0 +1,424 @@
+//! How each weight format reaches its kernels: the scalar dot on the portable path, and on
+//! each SIMD level the row tiles that stream the weights in place (decode, below the format's
+//! GEMM threshold) or the repacked-weight GEMM (prefill). `super::run` picks the format and
+//! the thread split; these pick the kernel.
+
+#[cfg(target_arch = "x86_64")]
+use super::FLOAT_GEMM_MIN_ROWS;
+use super::{Path, GEMM_MIN_ROWS, Q4K_GEMM_MIN_ROWS, Q6K_GEMM_MIN_ROWS};
+use crate::cpu::Isa;
+use crate::pool::SyncPtr;
+use crate::quant::blocks::*;
+use crate::quant::dot::{scalar, Acts32};
+use crate::quant::interleave::{self, Interleave};
+use crate::DType;
+
+/// Ties a 32-value weight format to its scalar dot and its SIMD kernels.
+pub(super) trait Fmt32Path {
+    type W: bytemuck::Pod;
+    type A: bytemuck::Pod;
+    fn scalar_dot(w: &[Self::W], a: &[Self::A]) -> f32;
+    /// # Safety
+    /// The CPU has `isa` (not `Scalar`); otherwise as `avx2::matmul_rows`.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn simd_rows(
+        isa: Isa,
+        w: &[Self::W],
+        rows: usize,
+        acts: &Acts32<Self::A>,
+        r0: usize,
+        r1: usize,
+        out: *mut f32,
+    );
+}
+
+/// `$fmt`: the format's marker type in `quant::dot::avx2`, which every kernel is generic
+/// over. From `GEMM_MIN_ROWS` activation rows on, the repacked-weight GEMM kernel of the
+/// level; below that, the AVX2 row tiles.
+macro_rules! fmt32 {
+    ($name:ident, $w:ty, $a:ty, $dot:path, $fmt:ty) => {
+        pub(super) struct $name;
+        impl Fmt32Path for $name {
+            type W = $w;
+            type A = $a;
+            fn scalar_dot(w: &[$w], a: &[$a]) -> f32 {
+                $dot(w, a)
+            }
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn simd_rows(
+                isa: Isa,
+                w: &[$w],
+                rows: usize,
+                acts: &Acts32<$a>,
+                r0: usize,
+                r1: usize,
+                out: *mut f32,
+            ) {
+                use crate::quant::dot::{avx2, avx2_gemm, avx512_gemm, vnni, vnni_gemm};
+                if acts.m < GEMM_MIN_ROWS {
+                    return match isa {
+                        Isa::Avx512 => vnni::rows32_avx512vl::<$fmt>(w, rows, acts, r0, r1, out),
+                        Isa::AvxVnni => vnni::rows32_avx_vnni::<$fmt>(w, rows, acts, r0, r1, out),
+                        _ => avx2::matmul_rows::<$fmt>(w, rows, acts, r0, r1, out),
+                    };
+                }
+                match isa {
+                    Isa::Avx512 => avx512_gemm::matmul_rows::<$fmt>(w, rows, acts, r0, r1, out),
+                    Isa::AvxVnni => {
+                        vnni_gemm::matmul_rows_avx_vnni::<$fmt>(w, rows, acts, r0, r1, out)
+                    }
+                    _ => avx2_gemm::matmul_rows::<$fmt>(w, rows, acts, r0, r1, out),
+                }
+            }
+        }
+    };
+}
+
+fmt32!(
+    Q4_0Fmt,
+    BlockQ4_0,
+    BlockQ8_0,
+    scalar::dot_q4_0_q8_0,
+    crate::quant::dot::avx2::Q4_0
+);
+fmt32!(
+    Q4_1Fmt,
+    BlockQ4_1,
+    BlockQ8_1,
+    scalar::dot_q4_1_q8_1,
+    crate::quant::dot::avx2::Q4_1
+);
+fmt32!(
+    Q8_0Fmt,
+    BlockQ8_0,
+    BlockQ8_0,
+    scalar::dot_q8_0_q8_0,
+    crate::quant::dot::avx2::Q8_0
+);
+
+pub(super) fn rows_32<F: Fmt32Path>(
+    path: Path,
+    w: &[F::W],
+    rows: usize,
+    acts: &Acts32<F::A>,
+    r0: usize,
+    r1: usize,
+    out: SyncPtr<f32>,
+) {
+    let nb = acts.nb;
+    match path {
+        Path::Scalar => {
+            for i in 0..acts.m {
+                let a = &acts.blocks[i * nb..(i + 1) * nb];
+                for j in r0..r1 {
+                    let v = F::scalar_dot(&w[j * nb..(j + 1) * nb], a);
+                    // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
+                    unsafe { *out.0.add(i * rows + j) = v };
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a SIMD path is chosen only when the CPU has its features; shapes were
+        // checked in `matmul_on`; this thread owns columns r0..r1.
+        isa => unsafe { F::simd_rows(isa, w, rows, acts, r0, r1, out.0) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no SIMD kernels on this architecture"),
+    }
+}
+
+/// A 32-value integer format's interleaved form (`quant::interleave`) and its kernels.
+pub(super) trait Fmt32x8: Fmt32Path<W: Interleave> {
+    /// # Safety
+    /// The CPU has `isa` (not `Scalar`); `r0` a multiple of 8; otherwise as
+    /// `avx2_q4_decode::matmul_rows_x8`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn simd_rows_x8(
+        isa: Isa,
+        w: &[<Self::W as Interleave>::X8],
+        rows: usize,
+        acts: &Acts32<Self::A>,
+        r0: usize,
+        r1: usize,
+        out: *mut f32,
+    );
+}
+
+/// `$fmt` as in `fmt32!`. Decode (below `GEMM_MIN_ROWS`) reads the groups in place with the
+/// format's group tiles (`avx2_q4_decode::GroupTiles`: Q4_0 / Q4_1 there, Q8_0 in
+/// `avx2_q8_decode`); prefill runs the level's GEMM, whose packing from them is loads (`X8`:
+/// `avx2_gemm::Group8`, `avx2_gemm_q8::Q8Group`).
+macro_rules! fmt32x8 {
+    ($name:ident, $fmt:ty) => {
+        impl Fmt32x8 for $name {
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn simd_rows_x8(
+                isa: Isa,
+                w: &[<Self::W as Interleave>::X8],
+                rows: usize,
+                acts: &Acts32<Self::A>,
+                r0: usize,
+                r1: usize,
+                out: *mut f32,
+            ) {
+                use crate::quant::dot::avx2_gemm::{self, X8};
+                use crate::quant::dot::{avx2_q4_decode, avx512_gemm, vnni, vnni_gemm};
+                if acts.m < GEMM_MIN_ROWS {
+                    return match isa {
+                        Isa::Avx512 => vnni::rows_x8_avx512vl::<$fmt>(w, rows, acts, r0, r1, out),
+                        Isa::AvxVnni => vnni::rows_x8_avx_vnni::<$fmt>(w, rows, acts, r0, r1, out),
+                        _ => avx2_q4_decode::matmul_rows_x8::<$fmt>(w, rows, acts, r0, r1, out),
+                    };
+                }
+                match isa {
+                    Isa::Avx512 => avx512_gemm::matmul_rows::<X8<$fmt>>(w, rows, acts, r0, r1, out),
+                    Isa::AvxVnni => {
+                        vnni_gemm::matmul_rows_avx_vnni::<X8<$fmt>>(w, rows, acts, r0, r1, out)
+                    }
+                    _ => avx2_gemm::matmul_rows::<X8<$fmt>>(w, rows, acts, r0, r1, out),
+                }
+            }
+        }
+    };
+}
+
+fmt32x8!(Q4_0Fmt, crate::quant::dot::avx2::Q4_0);
+fmt32x8!(Q4_1Fmt, crate::quant::dot::avx2::Q4_1);
+fmt32x8!(Q8_0Fmt, crate::quant::dot::avx2::Q8_0);
+
+/// `rows_32` for an interleaved matrix: `w` its groups (`r0` a multiple of 8). The scalar
+/// path takes each group back to rows and runs the row-major dot.
+pub(super) fn rows_x8<F: Fmt32x8>(
+    path: Path,
+    w: &[<F::W as Interleave>::X8],
+    rows: usize,
+    acts: &Acts32<F::A>,
+    r0: usize,
+    r1: usize,
+    out: SyncPtr<f32>,
+) {
+    let nb = acts.nb;
+    match path {
+        Path::Scalar => {
+            for j0 in (r0..r1).step_by(8) {
+                let group = interleave::group_rows::<F::W>(w, nb, j0 / 8);
+                for i in 0..acts.m {
+                    let a = &acts.blocks[i * nb..(i + 1) * nb];
+                    for j in j0..(j0 + 8).min(r1) {
+                        let k = j - j0;
+                        let v = F::scalar_dot(&group[k * nb..(k + 1) * nb], a);
+                        // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
+                        unsafe { *out.0.add(i * rows + j) = v };
+                    }
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `rows_32`; `split_rows` gives 8-aligned ranges.
+        isa => unsafe { F::simd_rows_x8(isa, w, rows, acts, r0, r1, out.0) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no SIMD kernels on this architecture"),
+    }
+}
+
+/// Ties a k-quant weight format to its scalar dot and its SIMD kernels.
+pub(super) trait FmtKPath {
+    type W: bytemuck::Pod;
+    fn scalar_dot(w: &[Self::W], a: &[BlockQ8K]) -> f32;
+    /// # Safety
+    /// The CPU has `isa` (not `Scalar`); otherwise as `avx2_k::matmul_rows`.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn simd_rows(
+        isa: Isa,
+        w: &[Self::W],
+        rows: usize,
+        acts: &[BlockQ8K],
+        m: usize,
+        r0: usize,
+        r1: usize,
+        out: *mut f32,
+    );
+}
+
+/// `$avx`: the format's marker type in `quant::dot::avx2_k` (the row tiles, for every `m`
+/// unless the format has GEMM kernels). `$zmm`, `$ymm`: its repacked-weight GEMM kernels in
+/// `avx512_kgemm` (16 rows) and `avx2_kgemm` (8 rows, generic over the integer dot), used
+/// from `$min` activation rows on (`Q4K_GEMM_MIN_ROWS`, `Q6K_GEMM_MIN_ROWS`).
+macro_rules! fmtk {
+    (@impl $name:ident, $w:ty, $dot:path, $avx:ty, [$($zmm:ty, $ymm:ident, $min:expr)?]) => {
+        pub(super) struct $name;
+        impl FmtKPath for $name {
+            type W = $w;
+            fn scalar_dot(w: &[$w], a: &[BlockQ8K]) -> f32 {
+                $dot(w, a)
+            }
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn simd_rows(
+                isa: Isa,
+                w: &[$w],
+                rows: usize,
+                acts: &[BlockQ8K],
+                m: usize,
+                r0: usize,
+                r1: usize,
+                out: *mut f32,
+            ) {
+                use crate::quant::dot::{avx2_k, vnni};
+                $(
+                    if m >= $min {
+                        use crate::quant::dot::{avx2, avx2_kgemm, avx512_kgemm};
+                        let acts = Acts32 {
+                            blocks: acts,
+                            d: &[],
+                            s: &[],
+                            neg8_ysum: &[],
+                            m,
+                            nb: acts.len() / m,
+                        };
+                        return match isa {
+                            Isa::Avx512 => {
+                                avx512_kgemm::matmul_rows::<$zmm>(w, rows, &acts, r0, r1, out)
+                            }
+                            Isa::AvxVnni => avx2_kgemm::matmul_rows_avx_vnni::<
+                                avx2_kgemm::$ymm<vnni::AvxVnni>,
+                            >(w, rows, &acts, r0, r1, out),
+                            _ => avx2_kgemm::matmul_rows::<avx2_kgemm::$ymm<avx2::Avx2>>(
+                                w, rows, &acts, r0, r1, out,
+                            ),
+                        };
+                    }
+                )?
+                match isa {
+                    Isa::Avx512 => vnni::rows_k_avx512vl::<$avx>(w, rows, acts, m, r0, r1, out),
+                    Isa::AvxVnni => vnni::rows_k_avx_vnni::<$avx>(w, rows, acts, m, r0, r1, out),
+                    _ => avx2_k::matmul_rows::<$avx>(w, rows, acts, m, r0, r1, out),
+                }
+            }
+        }
+    };
+    ($name:ident, $w:ty, $dot:path, $avx:ty) => {
+        fmtk!(@impl $name, $w, $dot, $avx, []);
+    };
+    ($name:ident, $w:ty, $dot:path, $avx:ty, $zmm:ty, $ymm:ident, $min:expr) => {
+        fmtk!(@impl $name, $w, $dot, $avx, [$zmm, $ymm, $min]);
+    };
+}
+
+fmtk!(
+    Q4KFmt,
+    BlockQ4K,
+    scalar::dot_q4k_q8k,
+    crate::quant::dot::avx2_k::Q4K,
+    crate::quant::dot::avx512_kgemm::Q4K16,
+    Q4K8,
+    Q4K_GEMM_MIN_ROWS
+);
+fmtk!(
+    Q5KFmt,
+    BlockQ5K,
+    scalar::dot_q5k_q8k,
+    crate::quant::dot::avx2_k::Q5K
+);
+fmtk!(
+    Q6KFmt,
+    BlockQ6K,
+    scalar::dot_q6k_q8k,
+    crate::quant::dot::avx2_k::Q6K,
+    crate::quant::dot::avx512_kgemm::Q6K16,
+    Q6K8,
+    Q6K_GEMM_MIN_ROWS
+);
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rows_k<F: FmtKPath>(
+    path: Path,
+    w: &[F::W],
+    rows: usize,
+    acts: &[BlockQ8K],
+    m: usize,
+    r0: usize,
+    r1: usize,
+    out: SyncPtr<f32>,
+) {
+    let nb = acts.len() / m;
+    match path {
+        Path::Scalar => {
+            for i in 0..m {
+                let a = &acts[i * nb..(i + 1) * nb];
+                for j in r0..r1 {
+                    let v = F::scalar_dot(&w[j * nb..(j + 1) * nb], a);
+                    // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
+                    unsafe { *out.0.add(i * rows + j) = v };
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `rows_32`.
+        isa => unsafe { F::simd_rows(isa, w, rows, acts, m, r0, r1, out.0) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no SIMD kernels on this architecture"),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rows_float(
+    path: Path,
+    dtype: DType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    m: usize,
+    r0: usize,
+    r1: usize,
+    out: SyncPtr<f32>,
+) {
+    let row_bytes = cols * dtype.type_size();
+    match path {
+        Path::Scalar => {
+            let dot = match dtype {
+                DType::F16 => scalar::dot_f16,
+                DType::BF16 => scalar::dot_bf16,
+                _ => scalar::dot_f32,
+            };
+            for i in 0..m {
+                let xr = &x[i * cols..(i + 1) * cols];
+                for j in r0..r1 {
+                    let v = dot(&w[j * row_bytes..(j + 1) * row_bytes], xr);
+                    // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
+                    unsafe { *out.0.add(i * rows + j) = v };
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `rows_32`; every SIMD level has AVX2.
+        _ => unsafe {
+            use crate::quant::dot::avx2_float::{matmul_rows, BF16, F16, F32};
+            if m >= FLOAT_GEMM_MIN_ROWS {
+                use crate::quant::dot::avx2_float_gemm::{matmul_rows as gemm, Avx2};
+                use crate::quant::dot::avx512_float_gemm::Avx512;
+                // The AVX-512 tiles or the AVX2 ones: the same numerics, bit for bit.
+                return match (path, dtype) {
+                    (Isa::Avx512, DType::F16) => {
+                        gemm::<Avx512, F16>(w, rows, cols, x, m, r0, r1, out.0)
+                    }
+                    (Isa::Avx512, DType::BF16) => {
+                        gemm::<Avx512, BF16>(w, rows, cols, x, m, r0, r1, out.0)
+                    }
+                    (Isa::Avx512, _) => gemm::<Avx512, F32>(w, rows, cols, x, m, r0, r1, out.0),
+                    (_, DType::F16) => gemm::<Avx2, F16>(w, rows, cols, x, m, r0, r1, out.0),
+                    (_, DType::BF16) => gemm::<Avx2, BF16>(w, rows, cols, x, m, r0, r1, out.0),
+                    _ => gemm::<Avx2, F32>(w, rows, cols, x, m, r0, r1, out.0),
+                };
+            }
+            match dtype {
+                DType::F16 => matmul_rows::<F16>(w, rows, cols, x, m, r0, r1, out.0),
+                DType::BF16 => matmul_rows::<BF16>(w, rows, cols, x, m, r0, r1, out.0),
+                _ => matmul_rows::<F32>(w, rows, cols, x, m, r0, r1, out.0),
+            }
+        },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no SIMD kernels on this architecture"),
+    }
+}
