@@ -32,6 +32,7 @@ cargo build -q --release -p vigil-engine --example bench_core --example mem_band
 B=${CARGO_TARGET_DIR:-target}/release/examples
 grep -m1 'model name' /proc/cpuinfo > "$O/cpu.txt"
 grep -m1 '^flags' /proc/cpuinfo >> "$O/cpu.txt"
+echo "VIGIL_MAX_ISA=${VIGIL_MAX_ISA:-(none)} LLAMACPP_BIN=$L" >> "$O/cpu.txt"
 for r in $(seq 1 "$rounds"); do
     uptime >> "$O/load.txt"
     "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r.json"
