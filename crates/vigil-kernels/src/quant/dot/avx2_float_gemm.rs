@@ -138,7 +138,7 @@ unsafe fn tile<const MR: usize, const NR: usize>(
             a[i][j] = _mm256_load_ps(acc.add(i * NR + j).cast());
         }
     }
-    for s in 0..steps {
+    let step = |a: &mut [[__m256; NR]; MR], s: usize| {
         let mut xv = [_mm256_setzero_ps(); MR];
         for i in 0..MR {
             xv[i] = _mm256_load_ps(px.add(s * MR + i).cast());
@@ -149,11 +149,32 @@ unsafe fn tile<const MR: usize, const NR: usize>(
                 a[i][j] = _mm256_fmadd_ps(wv, xv[i], a[i][j]);
             }
         }
-    }
+    };
+    unrolled4(steps, |s| step(&mut a, s));
     for i in 0..MR {
         for j in 0..NR {
             _mm256_store_ps(acc.add(i * NR + j).cast(), a[i][j]);
         }
+    }
+}
+
+/// `f(0)`, …, `f(steps - 1)` in order, four calls a loop iteration. The tiles' step loops
+/// take it: a tile runs 64 steps a column block, and one step a loop iteration left the loop's
+/// own work and its exit in every tile (BF16 at m = 512, capped at AVX2: 165–170 → 177–182
+/// GFLOP/s on two threads, 85–87 → 90–93 on one). The order, so the bits, is unchanged.
+#[inline(always)]
+pub(crate) fn unrolled4(steps: usize, mut f: impl FnMut(usize)) {
+    let mut s = 0;
+    while s + 4 <= steps {
+        f(s);
+        f(s + 1);
+        f(s + 2);
+        f(s + 3);
+        s += 4;
+    }
+    while s < steps {
+        f(s);
+        s += 1;
     }
 }
 

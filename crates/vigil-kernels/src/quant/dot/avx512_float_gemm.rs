@@ -13,7 +13,7 @@
 // Index loops mirror the buffer layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_float_gemm::{Tiles, V8};
+use super::avx2_float_gemm::{unrolled4, Tiles, V8};
 use std::arch::x86_64::*;
 
 /// Weight-row pairs per tile.
@@ -53,7 +53,7 @@ unsafe fn tile<const MR: usize>(px: *const V8, pw: *const V8, steps: usize, acc:
             a[i][p] = _mm512_load_ps(acc.add(i * 2 * NP + 2 * p).cast());
         }
     }
-    for s in 0..steps {
+    let step = |a: &mut [[__m512; NP]; MR], s: usize| {
         let mut xv = [_mm512_setzero_ps(); MR];
         for i in 0..MR {
             // `vbroadcastf64x4` (AVX-512F; the f32x8 form needs DQ): the same 32 bytes twice.
@@ -66,7 +66,8 @@ unsafe fn tile<const MR: usize>(px: *const V8, pw: *const V8, steps: usize, acc:
                 a[i][p] = _mm512_fmadd_ps(wv, xv[i], a[i][p]);
             }
         }
-    }
+    };
+    unrolled4(steps, |s| step(&mut a, s));
     for i in 0..MR {
         for p in 0..NP {
             _mm512_store_ps(acc.add(i * 2 * NP + 2 * p).cast(), a[i][p]);
