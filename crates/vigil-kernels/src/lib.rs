@@ -14,6 +14,7 @@ pub mod ops;
 pub mod pool;
 pub mod quant;
 pub mod storage;
+mod unroll;
 mod vector_math;
 
 pub use dtype::DType;

@@ -20,6 +20,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::avx2_float::{hsum8, FloatW};
+use crate::unroll::unrolled4;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -155,26 +156,6 @@ unsafe fn tile<const MR: usize, const NR: usize>(
         for j in 0..NR {
             _mm256_store_ps(acc.add(i * NR + j).cast(), a[i][j]);
         }
-    }
-}
-
-/// `f(0)`, …, `f(steps - 1)` in order, four calls a loop iteration. The tiles' step loops
-/// take it: a tile runs 64 steps a column block, and one step a loop iteration left the loop's
-/// own work and its exit in every tile (BF16 at m = 512, capped at AVX2: 165–170 → 177–182
-/// GFLOP/s on two threads, 85–87 → 90–93 on one). The order, so the bits, is unchanged.
-#[inline(always)]
-pub(crate) fn unrolled4(steps: usize, mut f: impl FnMut(usize)) {
-    let mut s = 0;
-    while s + 4 <= steps {
-        f(s);
-        f(s + 1);
-        f(s + 2);
-        f(s + 3);
-        s += 4;
-    }
-    while s < steps {
-        f(s);
-        s += 1;
     }
 }
 

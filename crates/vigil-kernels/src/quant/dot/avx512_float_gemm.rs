@@ -13,7 +13,8 @@
 // Index loops mirror the buffer layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_float_gemm::{unrolled4, Tiles, V8};
+use super::avx2_float_gemm::{Tiles, V8};
+use crate::unroll::unrolled4;
 use std::arch::x86_64::*;
 
 /// Weight-row pairs per tile.
