@@ -14,6 +14,7 @@ pub mod ops;
 pub mod pool;
 pub mod quant;
 pub mod storage;
+#[cfg(target_arch = "x86_64")]
 mod unroll;
 mod vector_math;
 

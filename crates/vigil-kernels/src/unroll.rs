@@ -10,7 +10,6 @@
 /// `#[inline(always)]` and without target features of its own, so it and `f` compile into the
 /// calling kernel's ISA (call it with a closure defined inside the `#[target_feature]` fn).
 #[inline(always)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn unrolled4(steps: usize, mut f: impl FnMut(usize)) {
     let mut s = 0;
     while s + 4 <= steps {

@@ -325,6 +325,7 @@ fn worker_loop(shared: &Shared, t: usize) {
         }
     }
 }
+
 /// Spin (warming worker `t`'s part of the next job's weights), then park, until the epoch
 /// moves past `seen` (or shutdown); returns the new epoch.
 fn wait_for_epoch(shared: &Shared, seen: usize, t: usize, warm: &mut WarmCursor) -> usize {

@@ -59,39 +59,37 @@ impl WarmHint {
     }
 }
 
-/// One thread's progress through the current hint.
+/// One thread's progress through the current hint: the hint's ranges as read when its
+/// generation was first seen, where this thread's part starts and how much of it is fetched.
 #[derive(Default)]
 pub struct WarmCursor {
     generation: usize,
+    ranges: [(usize, usize); MAX_RANGES],
+    start: usize,
+    share: usize,
     done: usize,
-    /// This thread's part of the current hint is fetched: spins only read `generation`.
-    finished: bool,
 }
 
 impl WarmCursor {
     /// Prefetch the next lines of thread `t`'s part of `hint` (of `n` threads); false when
-    /// that part is done and the caller may pause instead.
+    /// that part is done and the caller may pause instead. Once the part is fetched, a call
+    /// only reads the hint's generation.
     pub fn step(&mut self, hint: &WarmHint, t: usize, n: usize) -> bool {
         let generation = hint.generation.load(Ordering::Acquire);
         if generation != self.generation {
             self.generation = generation;
+            self.ranges = hint.snapshot();
+            let per_thread = self.ranges.iter().map(|r| r.1).sum::<usize>() / n.max(1);
+            self.start = t * per_thread;
+            self.share = per_thread.min(WARM_MAX_BYTES);
             self.done = 0;
-            self.finished = false;
         }
-        if self.finished {
+        if self.done >= self.share {
             return false;
         }
-        let ranges = hint.snapshot();
-        let total: usize = ranges.iter().map(|r| r.1).sum();
-        let share = (total / n.max(1)).min(WARM_MAX_BYTES);
-        if self.done >= share {
-            self.finished = true;
-            return false;
-        }
-        let start = t * (total / n.max(1)) + self.done;
-        let lines = (share - self.done).div_ceil(LINE).min(LINES_PER_CHECK);
+        let lines = (self.share - self.done).div_ceil(LINE).min(LINES_PER_CHECK);
         for k in 0..lines {
-            if let Some(addr) = address_at(&ranges, start + k * LINE) {
+            if let Some(addr) = address_at(&self.ranges, self.start + self.done + k * LINE) {
                 prefetch_l2(addr);
             }
         }

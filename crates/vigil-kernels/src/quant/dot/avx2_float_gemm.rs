@@ -139,7 +139,7 @@ unsafe fn tile<const MR: usize, const NR: usize>(
             a[i][j] = _mm256_load_ps(acc.add(i * NR + j).cast());
         }
     }
-    let step = |a: &mut [[__m256; NR]; MR], s: usize| {
+    unrolled4(steps, |s| {
         let mut xv = [_mm256_setzero_ps(); MR];
         for i in 0..MR {
             xv[i] = _mm256_load_ps(px.add(s * MR + i).cast());
@@ -150,8 +150,7 @@ unsafe fn tile<const MR: usize, const NR: usize>(
                 a[i][j] = _mm256_fmadd_ps(wv, xv[i], a[i][j]);
             }
         }
-    };
-    unrolled4(steps, |s| step(&mut a, s));
+    });
     for i in 0..MR {
         for j in 0..NR {
             _mm256_store_ps(acc.add(i * NR + j).cast(), a[i][j]);

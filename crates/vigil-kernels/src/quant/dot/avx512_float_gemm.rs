@@ -54,7 +54,7 @@ unsafe fn tile<const MR: usize>(px: *const V8, pw: *const V8, steps: usize, acc:
             a[i][p] = _mm512_load_ps(acc.add(i * 2 * NP + 2 * p).cast());
         }
     }
-    let step = |a: &mut [[__m512; NP]; MR], s: usize| {
+    unrolled4(steps, |s| {
         let mut xv = [_mm512_setzero_ps(); MR];
         for i in 0..MR {
             // `vbroadcastf64x4` (AVX-512F; the f32x8 form needs DQ): the same 32 bytes twice.
@@ -67,8 +67,7 @@ unsafe fn tile<const MR: usize>(px: *const V8, pw: *const V8, steps: usize, acc:
                 a[i][p] = _mm512_fmadd_ps(wv, xv[i], a[i][p]);
             }
         }
-    };
-    unrolled4(steps, |s| step(&mut a, s));
+    });
     for i in 0..MR {
         for p in 0..NP {
             _mm512_store_ps(acc.add(i * 2 * NP + 2 * p).cast(), a[i][p]);
