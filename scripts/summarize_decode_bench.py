@@ -97,4 +97,5 @@ def main():
                 at = f"{100 * vm / floor:.0f} %" if floor else ""
                 print(f"| {f.upper()} | {r} | {name} | {vm:.1f} ({vmin:.1f}–{vmax:.1f}) | {ls} | {ratio} | {fl} | {at} |")
 
-main()
+if __name__ == "__main__":
+    main()
