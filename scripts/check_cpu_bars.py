@@ -70,7 +70,10 @@ def core(bars, d, q4_0):
         per = {k: ([], []) for k in ("pp512", "pp2048", "tg128", "tg128 floor", "depth floor")}
         for r in rs:
             bw = json.load(open(os.path.join(d, f"bandwidth-{r}.json")))["bandwidth_gb_s"] * 1e9
-            v = s.vigil(os.path.join(d, f"vigil-{f}-{r}.jsonl"))
+            vpath = os.path.join(d, f"vigil-{f}-{r}.jsonl")
+            if not os.path.exists(vpath):
+                continue
+            v = s.vigil(vpath)
             lb = s.llama(os.path.join(d, f"llama-{f}-fa1-{r}.json"))
             for test, bar in (("pp512", 2.0), ("pp2048", 2.0), ("tg128", 1.5)):
                 if test in v and test in lb:
