@@ -63,10 +63,7 @@ def core(bars, d, q4_0):
     rs = rounds(d, "bandwidth-%d.json")
     for name, path in files.items():
         f = name.lower()
-        wbytes, meta = s.gguf_layout(path)
-        arch = meta["general.architecture"]
-        layers = meta[f"{arch}.block_count"]
-        kv_dim = meta[f"{arch}.attention.head_count_kv"] * meta[f"{arch}.embedding_length"] // meta[f"{arch}.attention.head_count"]
+        wbytes, kv = s.bytes_per_token(path)
         per = {k: ([], []) for k in ("pp512", "pp2048", "tg128", "tg128 floor", "depth floor")}
         for r in rs:
             bw = json.load(open(os.path.join(d, f"bandwidth-{r}.json")))["bandwidth_gb_s"] * 1e9
@@ -85,7 +82,6 @@ def core(bars, d, q4_0):
                 per["tg128 floor"][0].append(f"{100 * at:.0f} %")
                 per["tg128 floor"][1].append(at >= 0.9)
             if "tg64@d2048" in v:
-                kv = layers * 2 * kv_dim * 2 * (2048 + 32)
                 at = v["tg64@d2048"][0] / (bw / (wbytes + kv))
                 per["depth floor"][0].append(f"{100 * at:.0f} %")
                 per["depth floor"][1].append(at >= 0.75)

@@ -39,6 +39,15 @@ def gguf_layout(path):
     start = (p + align - 1) // align * align
     return os.path.getsize(path) - start, meta
 
+def bytes_per_token(path):
+    """(weight bytes a decoded token reads, F16 KV bytes it reads at 2,048 deep: layers x 2 x
+    kv_dim x 2 bytes x the mean context of the 64 decoded tokens) of a GGUF file."""
+    wbytes, meta = gguf_layout(path)
+    arch = meta["general.architecture"]
+    layers = meta[f"{arch}.block_count"]
+    kv_dim = meta[f"{arch}.attention.head_count_kv"] * meta[f"{arch}.embedding_length"] // meta[f"{arch}.attention.head_count"]
+    return wbytes, layers * 2 * kv_dim * 2 * (2048 + 32)
+
 def vigil(path):
     out = {}
     for line in open(path):
@@ -69,10 +78,7 @@ def main():
     print("| file | round | figure | Vigil median (min–max) | llama.cpp mean ± sd | ratio | floor | Vigil at |")
     print("|---|---|---|---|---|---|---|---|")
     for f, path in files.items():
-        wbytes, meta = gguf_layout(path)
-        arch = meta["general.architecture"]
-        layers = meta[f"{arch}.block_count"]
-        kv_dim = meta[f"{arch}.attention.head_count_kv"] * meta[f"{arch}.embedding_length"] // meta[f"{arch}.attention.head_count"]
+        wbytes, kv = bytes_per_token(path)
         for r in (1, 2):
             bw = json.load(open(os.path.join(d, f"bandwidth-{r}.json")))["bandwidth_gb_s"] * 1e9
             v = vigil(os.path.join(d, f"vigil-{f}-{r}.jsonl"))
@@ -86,7 +92,6 @@ def main():
                     cands = [(x[name], fa) for x, fa in ((l0, "fa off"), (l1, "fa on")) if name in x]
                     best = max(cands, default=None, key=lambda c: c[0][0])
                     lv, note = (best[0], f" ({best[1]}; other {', '.join(f'{c[0][0]:.1f} {c[1]}' for c in cands if c is not best)})") if best else (None, "")
-                    kv = layers * 2 * kv_dim * 2 * (2048 + 32)
                     floor = bw / (wbytes + kv)
                 else:
                     lv, note = l.get(name), ""
