@@ -1,8 +1,9 @@
-//! Element-wise math in SIMD lanes shared by several kernels: `exp` (attention's softmax,
-//! SwiGLU) and the SwiGLU built on it.
+//! Element-wise math in SIMD lanes shared by several kernels: `exp` (SwiGLU, the sampler's
+//! log-sum-exp), `exp2` (attention's softmax, whose scores are kept in base-2 units) and the
+//! SwiGLU built on `exp`.
 
-/// Cephes `expf` written once over a vector type, so `exp8` and `exp16` are the same
-/// operations lane for lane and give the same bits.
+/// Cephes `expf` and `exp2f` written once over a vector type, so the 8- and 16-lane versions
+/// are the same operations lane for lane and give the same bits.
 #[cfg(target_arch = "x86_64")]
 mod cephes {
     use std::arch::x86_64::*;
@@ -24,6 +25,11 @@ mod cephes {
         unsafe fn div(self, b: Self) -> Self;
         /// `2^self` for integral lanes in range: the exponent field built from `self + 127`.
         unsafe fn pow2(self) -> Self;
+        /// Round to the nearest integer, ties to even.
+        unsafe fn round(self) -> Self;
+        /// `self * 2^n` for integral `n` by adding `n` to the exponent field: exact while
+        /// the result stays a normal number.
+        unsafe fn add_exponent(self, n: Self) -> Self;
     }
 
     impl Lanes for __m256 {
@@ -71,6 +77,15 @@ mod cephes {
         unsafe fn pow2(self) -> Self {
             let n = _mm256_add_epi32(_mm256_cvttps_epi32(self), _mm256_set1_epi32(127));
             _mm256_castsi256_ps(_mm256_slli_epi32::<23>(n))
+        }
+        #[inline(always)]
+        unsafe fn round(self) -> Self {
+            _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(self)
+        }
+        #[inline(always)]
+        unsafe fn add_exponent(self, n: Self) -> Self {
+            let e = _mm256_slli_epi32::<23>(_mm256_cvtps_epi32(n));
+            _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(self), e))
         }
     }
 
@@ -121,6 +136,16 @@ mod cephes {
             let n = _mm512_add_epi32(_mm512_cvttps_epi32(self), _mm512_set1_epi32(127));
             _mm512_castsi512_ps(_mm512_slli_epi32::<23>(n))
         }
+        /// `_mm256_round_ps`'s nearest-even result.
+        #[inline(always)]
+        unsafe fn round(self) -> Self {
+            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(self)
+        }
+        #[inline(always)]
+        unsafe fn add_exponent(self, n: Self) -> Self {
+            let e = _mm512_slli_epi32::<23>(_mm512_cvtps_epi32(n));
+            _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(self), e))
+        }
     }
 
     /// `e^x` per lane: 2^n by exponent bits times a degree-6 polynomial on the remainder,
@@ -150,6 +175,34 @@ mod cephes {
         y.mul(fx.pow2())
     }
 
+    /// `2^x` per lane for `x <= 0` (Cephes `exp2f`): `x` clamped at -125, split exactly into
+    /// `n = round(x)` and `f = x - n` in [-0.5, 0.5], `2^f` by a degree-6 polynomial, and `n`
+    /// added to the exponent field (the result stays normal: at least 2^-125.5). Within 0.7
+    /// ulp-widths (`f32::EPSILON` relative) of the exact value over [-125, 0]. Where `exp`
+    /// takes 19 operations a vector, this takes 12: the base-2 split needs no two-step
+    /// reduction and no multiply by the exponent's power.
+    ///
+    /// # Safety
+    /// Inlined into an entry point with `L`'s features.
+    #[inline(always)]
+    pub unsafe fn exp2<L: Lanes>(x: L) -> L {
+        let x = x.max(L::splat(-125.0));
+        let n = x.round();
+        let f = x.sub(n);
+        let mut y = L::splat(1.535_336_2e-4);
+        for c in [
+            1.339_887_4e-3,
+            9.618_437e-3,
+            5.550_332_5e-2,
+            0.240_226_48,
+            std::f32::consts::LN_2,
+            1.0,
+        ] {
+            y = y.fmadd(f, L::splat(c));
+        }
+        y.add_exponent(n)
+    }
+
     /// SwiGLU per lane: `g / (1 + e^-g) * u`.
     ///
     /// # Safety
@@ -165,13 +218,12 @@ mod cephes {
 pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
-    /// `avx2::exp8` in 16 lanes: the same operations lane for lane (`cephes::exp`), so each
-    /// lane gives `exp8`'s bits.
+    /// `avx2::exp2_8` in 16 lanes: the same operations lane for lane (`cephes::exp2`).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-    pub fn exp16(x: __m512) -> __m512 {
+    pub fn exp2_16(x: __m512) -> __m512 {
         // SAFETY: AVX-512 F enabled here.
-        unsafe { super::cephes::exp(x) }
+        unsafe { super::cephes::exp2(x) }
     }
 
     /// `avx2::silu_mul` 16 lanes at a time: each element the same operations (`cephes`), so
@@ -207,6 +259,15 @@ pub(crate) mod avx2 {
     pub fn exp8(x: __m256) -> __m256 {
         // SAFETY: AVX2 and FMA enabled here.
         unsafe { super::cephes::exp(x) }
+    }
+
+    /// `2^x` in 8 lanes for `x <= 0` (`cephes::exp2`: Cephes `exp2f`), within 0.7
+    /// `f32::EPSILON` of the exact value relative to it over [-125, 0].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn exp2_8(x: __m256) -> __m256 {
+        // SAFETY: AVX2 and FMA enabled here.
+        unsafe { super::cephes::exp2(x) }
     }
 
     /// `Σ e^(x_i - max)` with `exp8` in 8 lanes, the lanes summed in f64 at the end; the
@@ -251,6 +312,58 @@ pub(crate) mod avx2 {
                 super::cephes::silu_mul(_mm256_loadu_ps(g.as_ptr()), _mm256_loadu_ps(u.as_ptr()));
             _mm256_storeu_ps(g.as_mut_ptr(), r);
             gate[full..n].copy_from_slice(&g[..n - full]);
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use std::arch::x86_64::*;
+
+    /// `exp2_8` over the softmax's range: within 0.7 `f32::EPSILON` of the exact value,
+    /// relative to it, including the clamp at -125 and 0 itself; `exp2_16` gives its bits.
+    #[test]
+    fn exp2_is_within_an_ulp_and_the_same_in_16_lanes() {
+        let cpu = crate::cpu::features();
+        if !cpu.avx2_fma_f16c {
+            eprintln!("skipped: CPU lacks avx2/fma/f16c");
+            return;
+        }
+        let wide = cpu.has(crate::cpu::Isa::Avx512);
+        if !wide {
+            eprintln!("skipped (16 lanes): CPU lacks avx512");
+        }
+        let xs: Vec<f32> = (0..400_000)
+            .map(|i| -(i as f32) * 3.2e-4)
+            .chain([0.0, -0.5, -1.5, -124.5, -125.0, -200.0, f32::NEG_INFINITY])
+            .collect();
+        for chunk in xs.chunks(16) {
+            let mut x = [0f32; 16];
+            x[..chunk.len()].copy_from_slice(chunk);
+            let (mut got, mut got16) = ([0f32; 16], [0f32; 16]);
+            // SAFETY: AVX2+FMA checked above (and AVX-512 F for the 16-lane call).
+            unsafe {
+                for h in 0..2 {
+                    let v = super::avx2::exp2_8(_mm256_loadu_ps(x[8 * h..].as_ptr()));
+                    _mm256_storeu_ps(got[8 * h..].as_mut_ptr(), v);
+                }
+                if wide {
+                    let v = super::avx512::exp2_16(_mm512_loadu_ps(x.as_ptr()));
+                    _mm512_storeu_ps(got16.as_mut_ptr(), v);
+                }
+            }
+            for (k, &xk) in x.iter().enumerate().take(chunk.len()) {
+                let want = (xk.max(-125.0) as f64).exp2();
+                let err = (got[k] as f64 - want).abs() / want;
+                assert!(
+                    err <= 0.7 * f32::EPSILON as f64,
+                    "2^{xk}: {} vs {want}",
+                    got[k]
+                );
+                if wide {
+                    assert_eq!(got16[k].to_bits(), got[k].to_bits(), "16 lanes, 2^{xk}");
+                }
+            }
         }
     }
 }

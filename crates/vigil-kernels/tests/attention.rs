@@ -333,7 +333,7 @@ fn per_key_ops(sh: AttnShape, cache: &Cache, seq: &Seq, len: usize, q: &[f32]) -
             let mut state = RunState::default();
             for run in runs(first, pos + 1) {
                 let mut s: Vec<f32> = (run.clone())
-                    .map(|p| f16::dot_avx2(qv, &key(p, off)) * sh.scale)
+                    .map(|p| f16::dot_avx2(qv, &key(p, off)) * sh.score_scale())
                     .collect();
                 let (m, l) = exp_run_dispatched(&mut s);
                 let mut o_r = vec![0f32; d];

@@ -211,6 +211,14 @@ impl AttnShape {
     pub fn default_scale(head_dim: usize) -> f32 {
         1.0 / (head_dim as f32).sqrt()
     }
+
+    /// What the kernels multiply `q · k` by: `scale · log2 e`, so scores are in base-2 units
+    /// and the softmax takes `2^(s - max)` (`runs`): the same weights as `e^(s - max)` of the
+    /// natural scores, with an exact range reduction and 12 vector operations an exponential
+    /// where the natural one takes 19.
+    pub fn score_scale(&self) -> f32 {
+        self.scale * std::f32::consts::LOG2_E
+    }
 }
 
 /// Write K and V rows of the new tokens into their cache slots (K d-major within its block,
@@ -330,6 +338,7 @@ struct TileGeometry<'a> {
     kv_dim: usize,
     kv_head: usize,
     block_size: usize,
+    /// `AttnShape::score_scale`: scores in base-2 units.
     scale: f32,
     first_pos: usize,
     query_start: usize,
@@ -350,7 +359,7 @@ impl<'a> TileGeometry<'a> {
             kv_dim: shape.num_kv_heads * d,
             kv_head: tile.heads.start / (shape.num_heads / shape.num_kv_heads),
             block_size: shape.block_size,
-            scale: shape.scale,
+            scale: shape.score_scale(),
             first_pos,
             query_start: seq.query_start,
             max_keys: first_pos + (tile.rows.end - 1 - seq.query_start) + 1,
@@ -484,8 +493,8 @@ fn attend_tile<'o, E: KvElem>(
     }
 }
 
-/// The softmax of the attention path this CPU takes: the AVX2 one (vector `exp`, 8-lane
-/// sum) when available, else `ops::softmax_inplace`. Public so tests can rebuild a query's
+/// The softmax of natural-unit scores by the exponentials of the attention path this CPU
+/// takes: the AVX2 one (`x - max` to base 2, vector `exp2`, 8-lane sum) when available, else `ops::softmax_inplace`. Public so tests can rebuild a query's
 /// output from the per-key operations.
 pub fn softmax_dispatched(x: &mut [f32]) {
     if crate::cpu::features().avx2_fma_f16c {

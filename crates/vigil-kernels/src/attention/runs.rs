@@ -21,8 +21,9 @@ pub fn runs(first: usize, last: usize) -> impl Iterator<Item = std::ops::Range<u
         .map(move |p0| p0.max(first)..(p0 + RUN_KEYS).min(last))
 }
 
-/// One query's merged runs so far: the running max `m`, the sum of `exp(s - m)` `l`; its
-/// weighted values live in the caller's output row.
+/// One query's merged runs so far: the running max `m`, the sum of `2^(s - m)` `l` (scores
+/// in base-2 units, `AttnShape::score_scale`); its weighted values live in the caller's
+/// output row.
 #[derive(Debug, Clone, Copy)]
 pub struct RunState {
     pub m: f32,
@@ -59,7 +60,7 @@ impl RunState {
         }
         let o_r = o_r.expect("a later run's values come separately");
         let m = self.m.max(m_r);
-        let (a, b) = ((self.m - m).exp(), (m_r - m).exp());
+        let (a, b) = ((self.m - m).exp2(), (m_r - m).exp2());
         self.l = self.l * a + l_r * b;
         for (x, &y) in o.iter_mut().zip(o_r) {
             *x = *x * a + y * b;
@@ -74,9 +75,10 @@ impl RunState {
     }
 }
 
-/// `x[i] = exp(x[i] - max(x))` in place, returning the max and the sum of the exponentials:
-/// the AVX2 path's (vector `exp`, 8-lane sum) when available, else a scalar loop. Public so
-/// tests can rebuild a query's output from the per-key operations.
+/// `x[i] = 2^(x[i] - max(x))` in place (scores in base-2 units, `AttnShape::score_scale`),
+/// returning the max and the sum of the powers: the AVX2 path's (vector `exp2`, 8-lane sum)
+/// when available, else a scalar loop. Public so tests can rebuild a query's output from the
+/// per-key operations.
 pub fn exp_run_dispatched(x: &mut [f32]) -> (f32, f32) {
     let cpu = crate::cpu::features();
     if cpu.has(crate::cpu::Isa::Avx512) {
@@ -94,7 +96,7 @@ pub(super) fn exp_run_scalar(x: &mut [f32]) -> (f32, f32) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
+        *v = (*v - max).exp2();
         sum += *v;
     }
     (max, sum)
@@ -114,7 +116,7 @@ mod tests {
         assert_eq!(runs(0, 1).collect::<Vec<_>>(), vec![0..1]);
     }
 
-    /// The AVX-512 run (`exp16`) gives the AVX2 run's bits: values, max and sum, at every
+    /// The AVX-512 run (`exp2_16`) gives the AVX2 run's bits: values, max and sum, at every
     /// length around its 16- and 8-lane steps.
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -145,14 +147,16 @@ mod tests {
 
     #[test]
     fn merged_runs_equal_one_softmax() {
-        // Two runs merged give the softmax-weighted sum over all keys (to rounding).
+        // Two runs merged give the softmax-weighted sum over all keys (to rounding); the
+        // runs take scores in base 2, the reference the same scores in natural units.
         let s: Vec<f32> = (0..40)
             .map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.7)
             .collect();
+        let s2: Vec<f32> = s.iter().map(|x| x * std::f32::consts::LOG2_E).collect();
         let v: Vec<f32> = (0..40).map(|i| (i as f32 * 0.3).sin()).collect();
         let (mut st, mut o) = (RunState::default(), [0f32]);
         for r in [0..13usize, 13..40] {
-            let mut e = s[r.clone()].to_vec();
+            let mut e = s2[r.clone()].to_vec();
             let (m, l) = exp_run_scalar(&mut e);
             let o_r = [e.iter().zip(&v[r]).map(|(w, x)| w * x).sum::<f32>()];
             let first = !st.started;

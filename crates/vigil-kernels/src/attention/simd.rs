@@ -3,7 +3,7 @@
 
 // Index loops mirror the register tiles.
 #![allow(clippy::needless_range_loop)]
-use crate::vector_math::avx2::exp8;
+use crate::vector_math::avx2::exp2_8;
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -73,8 +73,9 @@ impl Load8 for f16 {
     }
 }
 
-/// `x[i] = exp8(x[i] - max)` in place, summed in 8 lanes (`hsum`): returns the max and
-/// the sum. Depends only on `x` (`runs::exp_run_dispatched`).
+/// `x[i] = exp2_8(x[i] - max)` in place (scores in base-2 units, `AttnShape::score_scale`),
+/// summed in 8 lanes (`hsum`): returns the max and the sum. Depends only on `x`
+/// (`runs::exp_run_dispatched`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn exp_run(x: &mut [f32]) -> (f32, f32) {
     let n = x.len();
@@ -96,7 +97,7 @@ pub unsafe fn exp_run(x: &mut [f32]) -> (f32, f32) {
     (m, hsum(exp_tail(x, 0, m, _mm256_setzero_ps())))
 }
 
-/// `sum` plus `exp8(x[i] - m)` of `x[from..]`, written back, 8 at a time in order: the
+/// `sum` plus `exp2_8(x[i] - m)` of `x[from..]`, written back, 8 at a time in order: the
 /// tail padded with `m`, its padding lanes zeroed before the sum.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -106,7 +107,7 @@ unsafe fn exp_tail(x: &mut [f32], from: usize, m: f32, mut sum: __m256) -> __m25
     let p = x.as_mut_ptr();
     let mv = _mm256_set1_ps(m);
     for i in (from..full).step_by(8) {
-        let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mv));
+        let e = exp2_8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mv));
         _mm256_storeu_ps(p.add(i), e);
         sum = _mm256_add_ps(sum, e);
     }
@@ -118,7 +119,7 @@ unsafe fn exp_tail(x: &mut [f32], from: usize, m: f32, mut sum: __m256) -> __m25
             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
         );
         let e = _mm256_and_ps(
-            exp8(_mm256_sub_ps(_mm256_loadu_ps(t.as_ptr()), mv)),
+            exp2_8(_mm256_sub_ps(_mm256_loadu_ps(t.as_ptr()), mv)),
             _mm256_castsi256_ps(valid),
         );
         _mm256_storeu_ps(t.as_mut_ptr(), e);
@@ -128,13 +129,13 @@ unsafe fn exp_tail(x: &mut [f32], from: usize, m: f32, mut sum: __m256) -> __m25
     sum
 }
 
-/// `exp_run` with the exponentials 16 at a time (`exp16`, `exp8`'s operations per lane):
-/// the same max, the same values, and the sum taken in the same 8 lanes in the same order
-/// (each 16 as its low 8, then its high 8), so the same bits. A prefill step's softmax
-/// at 2,000 tokens was 16 % of its samples with `exp8` on this level.
+/// `exp_run` with the exponentials 16 at a time (`exp2_16`, `exp2_8`'s operations per
+/// lane): the same max, the same values, and the sum taken in the same 8 lanes in the same
+/// order (each 16 as its low 8, then its high 8), so the same bits. A prefill step's softmax
+/// at 2,000 tokens was 16 % of its samples with 8 lanes on this level.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 pub unsafe fn exp_run16(x: &mut [f32]) -> (f32, f32) {
-    use crate::vector_math::avx512::exp16;
+    use crate::vector_math::avx512::exp2_16;
     let n = x.len();
     if n < 16 {
         return exp_run(x);
@@ -152,7 +153,7 @@ pub unsafe fn exp_run16(x: &mut [f32]) -> (f32, f32) {
     let mv = _mm512_set1_ps(m);
     let mut sum = _mm256_setzero_ps();
     for i in (0..full16).step_by(16) {
-        let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), mv));
+        let e = exp2_16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), mv));
         _mm512_storeu_ps(p.add(i), e);
         sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
         sum = _mm256_add_ps(
@@ -164,9 +165,13 @@ pub unsafe fn exp_run16(x: &mut [f32]) -> (f32, f32) {
     (m, hsum(sum))
 }
 
-/// Softmax in place: `exp_run`, then scaled by the sum's reciprocal.
+/// Softmax in place (natural units): each `x - max` taken to base 2, `exp_run`, then scaled
+/// by the sum's reciprocal.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    x.iter_mut()
+        .for_each(|v| *v = (*v - max) * std::f32::consts::LOG2_E);
     let (_, sum) = exp_run(x);
     let inv = 1.0 / sum;
     x.iter_mut().for_each(|v| *v *= inv);

@@ -26,7 +26,7 @@ pub unsafe fn exp_run(x: &mut [f32]) -> (f32, f32) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
+        *v = (*v - max).exp2();
         sum += *v;
     }
     (max, sum)
