@@ -16,11 +16,9 @@ B=target/release/examples
 O=${1:?usage: bench_decode_vs_llamabench.sh OUT_DIR [Q4_0_GGUF]}; mkdir -p "$O"
 Q0=${2:-/tmp/smol-q4_0.gguf}
 Q1=.cache/SmolLM2-135M-Instruct.Q4_1.gguf
-grep -m1 'model name' /proc/cpuinfo > "$O/cpu.txt"
-grep -m1 '^flags' /proc/cpuinfo >> "$O/cpu.txt"
-# What each side was allowed to use: Vigil's kernel cap, and which llama.cpp build (its folder
-# names the variant: noamx = -march=native, avx2 = LLAMACPP_MAX_ISA=avx2).
-echo "VIGIL_MAX_ISA=${VIGIL_MAX_ISA:-(none)} LLAMACPP_BIN=$L" >> "$O/cpu.txt"
+# The CPU, both engines' caps and the host's topology (llama.cpp's folder names its build:
+# noamx = -march=native, avx2 = LLAMACPP_MAX_ISA=avx2).
+scripts/record_cpu.sh "$O/cpu.txt" "$L"
 for r in 1 2; do
   uptime >> "$O/load.txt"
   $B/mem_bandwidth --threads 2 --mib 1024 --passes 5 > "$O/bandwidth-$r.json"

@@ -30,9 +30,9 @@ if [[ ! -f "$dir/hf/model.safetensors" || ! -f "$bf16_gguf" || ! -f "$q8_gguf" ]
 fi
 cargo build -q --release -p vigil-engine --example bench_core --example mem_bandwidth
 B=${CARGO_TARGET_DIR:-target}/release/examples
-grep -m1 'model name' /proc/cpuinfo > "$O/cpu.txt"
-grep -m1 '^flags' /proc/cpuinfo >> "$O/cpu.txt"
-echo "VIGIL_MAX_ISA=${VIGIL_MAX_ISA:-(none)} LLAMACPP_BIN=$L" >> "$O/cpu.txt"
+# The CPU, both engines' caps and the host's topology (llama.cpp's folder names its build:
+# noamx = -march=native, avx2 = LLAMACPP_MAX_ISA=avx2).
+scripts/record_cpu.sh "$O/cpu.txt" "$L"
 for r in $(seq 1 "$rounds"); do
     uptime >> "$O/load.txt"
     "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r.json"

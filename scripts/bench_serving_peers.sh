@@ -48,9 +48,9 @@ stop() {
   kill -9 $all 2>/dev/null
 }
 trap stop EXIT
-grep -m1 'model name' /proc/cpuinfo > "$O/cpu.txt"
-grep -m1 '^flags' /proc/cpuinfo >> "$O/cpu.txt"
-echo "VIGIL_MAX_ISA=${VIGIL_MAX_ISA:-(none)} LLAMACPP_BIN=$L" >> "$O/cpu.txt"
+# The CPU, both engines' caps and the host's topology (llama.cpp's folder names its build:
+# noamx = -march=native, avx2 = LLAMACPP_MAX_ISA=avx2).
+scripts/record_cpu.sh "$O/cpu.txt" "$L"
 for port in "${ports[@]}"; do
   for _ in $(seq 300); do curl -sf "localhost:$port/health" > /dev/null && break; sleep 1; done
 done

@@ -42,7 +42,7 @@ else
   lnote="llama-cpp-python $("$python" -c 'import llama_cpp; print(llama_cpp.__version__)') one-slot server, no --cache (reuses the previous prompt's prefix)"
 fi
 trap 'kill $vpid $lpid 2>/dev/null || true' EXIT
-grep -m1 'model name' /proc/cpuinfo > "$out/cpu.txt"
+scripts/record_cpu.sh "$out/cpu.txt"
 for spec in "$@"; do
   uptime >> "$out/load.txt"
   # shellcheck disable=SC2086  # each spec is a list of flags
