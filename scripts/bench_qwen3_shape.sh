@@ -41,11 +41,16 @@ scripts/record_cpu.sh "$O/cpu.txt" "$L"
 for r in $(seq 1 "$rounds"); do
     uptime >> "$O/load.txt"
     "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r.json"
+    # The bandwidth just before and just after each Vigil run: its floor takes their mean.
+    "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-bf16-before.json"
     "$B/bench_core" "$dir/hf" --threads "$threads" --reps "$reps" --pp 512 > "$O/vigil-bf16-$r.jsonl"
+    "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-bf16-after.json"
     "$L/llama-bench" -m "$bf16_gguf" -t "$threads" -p 512 -n 128 -r "$reps" -fa 0,1 -o json \
         > "$O/llama-bf16-$r.json" 2> "$O/llama-bf16-$r.err"
+    "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-q8_0-before.json"
     "$B/bench_core" "$dir/hf" --threads "$threads" --reps "$reps" --pp 512 --quantize q8_0 \
         > "$O/vigil-q8_0-$r.jsonl"
+    "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-q8_0-after.json"
     "$L/llama-bench" -m "$q8_gguf" -t "$threads" -p 512 -n 128 -r "$reps" -fa 0,1 -o json \
         > "$O/llama-q8_0-$r.json" 2> "$O/llama-q8_0-$r.err"
 done
@@ -55,19 +60,30 @@ uptime >> "$O/load.txt"
 # token_embd counted once, as the tied output head; the embedding row lookup is negligible).
 # Vigil reads the same bytes: BF16 matrices stay BF16, and --quantize q8_0 quantizes every
 # linear weight and the tied output head to Q8_0, as llama.cpp's Q8_0 file holds them.
-# KV reads (F16 in both engines; a few MB at tg128's context) are left out.
+# KV reads (F16 in both engines; a few MB at tg128's context) are left out. Bandwidth: the
+# mean of the readings just before and after the format's Vigil run, where taken (this host's
+# DRAM rate moves by a third within minutes), else the round's first reading.
 "$python" - "$O" "$bf16_gguf" "$q8_gguf" > "$O/floors.jsonl" <<'PY'
-import glob, json, sys
+import glob, json, os, re, sys
 from gguf import GGUFReader
 
 out = sys.argv[1]
+gb_s = lambda f: json.load(open(f))["bandwidth_gb_s"]
 for fmt, path in zip(("bf16", "q8_0"), sys.argv[2:]):
     per_token = sum(int(t.n_bytes) for t in GGUFReader(path).tensors)
     for f in sorted(glob.glob(f"{out}/bandwidth-*.json")):
-        bw = json.load(open(f))["bandwidth_gb_s"] * 1e9
-        print(json.dumps({"format": fmt, "bandwidth_file": f.rsplit("/", 1)[1],
+        m = re.fullmatch(r"bandwidth-(\d+)\.json", os.path.basename(f))
+        if not m:
+            continue
+        bracket = [f"{out}/bandwidth-{m[1]}-{fmt}-{w}.json" for w in ("before", "after")]
+        if all(os.path.exists(b) for b in bracket):
+            bw, source = sum(map(gb_s, bracket)) / 2, "before and after Vigil's run"
+        else:
+            bw, source = gb_s(f), "round start"
+        print(json.dumps({"format": fmt, "bandwidth_file": os.path.basename(f),
+                          "bandwidth_gb_s": round(bw, 2), "bandwidth_from": source,
                           "weight_bytes_per_token": per_token,
-                          "floor_tok_s": round(bw / per_token, 2)}))
+                          "floor_tok_s": round(bw * 1e9 / per_token, 2)}))
 PY
 
 "$python" - "$O" > "$O/summary.md" <<'PY'

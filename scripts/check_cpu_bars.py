@@ -6,7 +6,8 @@ in every round of the run, and whether it holds in all of them. Reads the raw re
   scripts/bench_qwen3_shape.sh (--qwen3: BF16 and Q8_0 prefill and decode),
 any of which may be left out. Prints a markdown table; a bar with no figure is listed as such.
 The same rules as the summaries: Vigil's median against llama-bench's mean (its better flash
-attention setting where both ran), floors from the round's measured read bandwidth. Stdlib only.
+attention setting where both ran), floors from the read bandwidth measured beside Vigil's run
+(`summarize_decode_bench.round_bandwidth`). Stdlib only.
 
 Usage: scripts/check_cpu_bars.py [--core DIR] [--serving DIR] [--qwen3 DIR] [--q4_0 GGUF]"""
 import argparse, glob, importlib.util, json, os, sys
@@ -66,7 +67,7 @@ def core(bars, d, q4_0):
         wbytes, kv = s.bytes_per_token(path)
         per = {k: ([], []) for k in ("pp512", "pp2048", "tg128", "tg128 floor", "depth floor")}
         for r in rs:
-            bw = json.load(open(os.path.join(d, f"bandwidth-{r}.json")))["bandwidth_gb_s"] * 1e9
+            bw = s.round_bandwidth(d, r, f)
             vpath = os.path.join(d, f"vigil-{f}-{r}.jsonl")
             if not os.path.exists(vpath):
                 continue

@@ -4,7 +4,8 @@ Vigil against llama-bench (prefill with flash attention on; decode after 2,048 t
 and on), and the decode floors of the same round: weight bytes per token (the GGUF's tensor
 data, token_embd read once as the tied output head) and, after 2,048 tokens, the F16 KV read
 (layers x 2 x kv_dim x 2 bytes x the mean context of the 64 decoded tokens), divided by the
-round's measured read bandwidth. Stdlib only.
+read bandwidth measured beside Vigil's run of that file (the mean of the readings just before
+and just after it, `round_bandwidth`; older runs have one reading per round). Stdlib only.
 
 Usage: scripts/summarize_decode_bench.py OUT_DIR [Q4_0_GGUF]"""
 import json, os, struct, sys
@@ -48,6 +49,17 @@ def bytes_per_token(path):
     kv_dim = meta[f"{arch}.attention.head_count_kv"] * meta[f"{arch}.embedding_length"] // meta[f"{arch}.attention.head_count"]
     return wbytes, layers * 2 * kv_dim * 2 * (2048 + 32)
 
+def round_bandwidth(d, r, f):
+    """Read bandwidth in bytes/s for file `f`'s figures in round `r`: the mean of the readings
+    taken just before and just after its Vigil run (bandwidth-R-F-before/after.json), where
+    the run took them; else the one reading at the round's start (bandwidth-R.json). A shared
+    host's DRAM rate moves by a third within minutes, so the bracket is the rate the decode
+    saw."""
+    bracket = [os.path.join(d, f"bandwidth-{r}-{f}-{w}.json") for w in ("before", "after")]
+    if all(os.path.exists(p) for p in bracket):
+        return sum(json.load(open(p))["bandwidth_gb_s"] for p in bracket) / 2 * 1e9
+    return json.load(open(os.path.join(d, f"bandwidth-{r}.json")))["bandwidth_gb_s"] * 1e9
+
 def vigil(path):
     out = {}
     for line in open(path):
@@ -80,7 +92,7 @@ def main():
     for f, path in files.items():
         wbytes, kv = bytes_per_token(path)
         for r in (1, 2):
-            bw = json.load(open(os.path.join(d, f"bandwidth-{r}.json")))["bandwidth_gb_s"] * 1e9
+            bw = round_bandwidth(d, r, f)
             v = vigil(os.path.join(d, f"vigil-{f}-{r}.jsonl"))
             l = llama(os.path.join(d, f"llama-{f}-fa1-{r}.json"))
             l0 = llama(os.path.join(d, f"llama-{f}-d2048-fa0-{r}.json"))
