@@ -20,12 +20,8 @@ if [ ! -f "$Q0" ]; then
   "$L/llama-quantize" --allow-requantize .cache/SmolLM2-135M-Instruct.Q4_1.gguf "$Q0" Q4_0 > "$O/quantize.log" 2>&1
 fi
 # The Qwen3 shape's floors need a Python with gguf and numpy: fail now, not 30 minutes in.
-PYTHON=${PYTHON:-${VLLM_PYTHON:-python3}}
-"$PYTHON" -c 'import gguf, numpy' 2> /dev/null || {
-  echo "bench_cpu_bars.sh: $PYTHON lacks gguf or numpy; set PYTHON (VLLM_PYTHON from scripts/setup_vllm_cpu.sh has both)" >&2
-  exit 2
-}
-export PYTHON
+export PYTHON=${PYTHON:-${VLLM_PYTHON:-python3}}
+CHECK_ONLY=1 scripts/bench_qwen3_shape.sh "$O/qwen3"
 cargo build -q --release --bin vigil
 git rev-parse HEAD > "$O/commit.txt"
 scripts/bench_decode_vs_llamabench.sh "$O/core" "$Q0"

@@ -23,10 +23,12 @@ scripts/record_cpu.sh "$O/cpu.txt" "$L"
 for r in 1 2; do
   uptime >> "$O/load.txt"
   $B/mem_bandwidth --threads 2 --mib 1024 --passes 5 > "$O/bandwidth-$r.json"
+  # The bandwidth just before and just after each Vigil run: its floors take their mean (the
+  # round's reading is Q4_0's "before").
+  cp "$O/bandwidth-$r.json" "$O/bandwidth-$r-q4_0-before.json"
   for f in q4_0 q4_1; do
     m=$Q0; [ $f = q4_1 ] && m=$Q1
-    # The bandwidth just before and just after Vigil's run: its floors take their mean.
-    $B/mem_bandwidth --threads 2 --mib 1024 --passes 5 > "$O/bandwidth-$r-$f-before.json"
+    [ $f = q4_1 ] && $B/mem_bandwidth --threads 2 --mib 1024 --passes 5 > "$O/bandwidth-$r-$f-before.json"
     $B/bench_core "$m" --threads 2 --reps 5 --pp 512,2048 --depth 2048 > "$O/vigil-$f-$r.jsonl" 2>&1
     $B/mem_bandwidth --threads 2 --mib 1024 --passes 5 > "$O/bandwidth-$r-$f-after.json"
     $L/llama-bench -m "$m" -t 2 -p 512,2048 -n 128 -r 5 -fa 1 -o json > "$O/llama-$f-fa1-$r.json" 2> "$O/llama-$f-fa1-$r.err"

@@ -23,11 +23,13 @@ threads=${THREADS:-2}
 reps=${REPS:-5}
 rounds=${ROUNDS:-2}
 python=${PYTHON:-python3}
-# The floors and the summary read the GGUFs with `gguf`: check before the rounds, not after.
+# The floors and the summary read the GGUFs with `gguf`: check before the rounds, not after
+# (CHECK_ONLY=1 stops here: bench_cpu_bars.sh asks before its first benchmark).
 "$python" -c 'import gguf, numpy' 2> /dev/null || {
     echo "bench_qwen3_shape.sh: $python lacks gguf or numpy; set PYTHON (VLLM_PYTHON from scripts/setup_vllm_cpu.sh has both)" >&2
     exit 2
 }
+[[ "${CHECK_ONLY:-0}" == 1 ]] && exit 0
 bf16_gguf=$dir/qwen3-0.6b-shape-bf16.gguf
 q8_gguf=$dir/qwen3-0.6b-shape-q8_0.gguf
 if [[ ! -f "$dir/hf/model.safetensors" || ! -f "$bf16_gguf" || ! -f "$q8_gguf" ]]; then
@@ -41,8 +43,9 @@ scripts/record_cpu.sh "$O/cpu.txt" "$L"
 for r in $(seq 1 "$rounds"); do
     uptime >> "$O/load.txt"
     "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r.json"
-    # The bandwidth just before and just after each Vigil run: its floor takes their mean.
-    "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-bf16-before.json"
+    # The bandwidth just before and just after each Vigil run: its floor takes their mean (the
+    # round's reading is the first run's "before").
+    cp "$O/bandwidth-$r.json" "$O/bandwidth-$r-bf16-before.json"
     "$B/bench_core" "$dir/hf" --threads "$threads" --reps "$reps" --pp 512 > "$O/vigil-bf16-$r.jsonl"
     "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-bf16-after.json"
     "$L/llama-bench" -m "$bf16_gguf" -t "$threads" -p 512 -n 128 -r "$reps" -fa 0,1 -o json \
@@ -66,24 +69,21 @@ uptime >> "$O/load.txt"
 "$python" - "$O" "$bf16_gguf" "$q8_gguf" > "$O/floors.jsonl" <<'PY'
 import glob, json, os, re, sys
 from gguf import GGUFReader
+sys.path.insert(0, "scripts")
+from summarize_decode_bench import round_bandwidth
 
 out = sys.argv[1]
-gb_s = lambda f: json.load(open(f))["bandwidth_gb_s"]
 for fmt, path in zip(("bf16", "q8_0"), sys.argv[2:]):
     per_token = sum(int(t.n_bytes) for t in GGUFReader(path).tensors)
     for f in sorted(glob.glob(f"{out}/bandwidth-*.json")):
         m = re.fullmatch(r"bandwidth-(\d+)\.json", os.path.basename(f))
         if not m:
             continue
-        bracket = [f"{out}/bandwidth-{m[1]}-{fmt}-{w}.json" for w in ("before", "after")]
-        if all(os.path.exists(b) for b in bracket):
-            bw, source = sum(map(gb_s, bracket)) / 2, "before and after Vigil's run"
-        else:
-            bw, source = gb_s(f), "round start"
+        bw = round_bandwidth(out, m[1], fmt)
         print(json.dumps({"format": fmt, "bandwidth_file": os.path.basename(f),
-                          "bandwidth_gb_s": round(bw, 2), "bandwidth_from": source,
+                          "bandwidth_gb_s": round(bw / 1e9, 2),
                           "weight_bytes_per_token": per_token,
-                          "floor_tok_s": round(bw * 1e9 / per_token, 2)}))
+                          "floor_tok_s": round(bw / per_token, 2)}))
 PY
 
 "$python" - "$O" > "$O/summary.md" <<'PY'

@@ -494,8 +494,9 @@ fn attend_tile<'o, E: KvElem>(
 }
 
 /// The softmax of natural-unit scores by the exponentials of the attention path this CPU
-/// takes: the AVX2 one (`x - max` to base 2, vector `exp2`, 8-lane sum) when available, else `ops::softmax_inplace`. Public so tests can rebuild a query's
-/// output from the per-key operations.
+/// takes: the AVX2 one (`x - max` to base 2, vector `exp2`, 8-lane sum) when available, else
+/// `ops::softmax_inplace`. Public so tests can rebuild a query's output from the per-key
+/// operations.
 pub fn softmax_dispatched(x: &mut [f32]) {
     if crate::cpu::features().avx2_fma_f16c {
         // SAFETY: the features were just checked.
