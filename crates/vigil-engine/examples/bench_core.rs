@@ -13,15 +13,23 @@
 //! `--tg N` sets the decode length after the 128-token prompt (default 128; 0 skips it, for
 //! profiling prefill alone).
 //!
+//! `--floor` adds `tg{N}-floor`: the decode again, with a plain read of the bytes a token's
+//! matmuls read (every layer's matrices and the output projection, in place, split between the
+//! kernel threads in one dispatch) timed after every decode step. A rep's share of that floor
+//! is its reads' time over its steps' time: the two alternate token by token, so a host whose
+//! memory bandwidth drifts from one minute to the next moves both alike.
+//!
 //! Usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048] [--depth D]
-//!        [--tg N]
+//!        [--tg N] [--floor]
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use vigil_engine::engine::LlmEngine;
 use vigil_engine::model_runner::ModelRunner;
 use vigil_engine::sampling::SamplingParams;
 use vigil_engine::scheduler::SchedulerConfig;
 use vigil_engine::sequence::StopCriteria;
+use vigil_kernels::pool::ThreadPool;
+use vigil_kernels::QMatrix;
 use vigil_model::kv_cache::{KvCache, KvDtype};
 use vigil_model::load::{load, parse_quantize, LoadOptions};
 
@@ -40,6 +48,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tg: usize = arg(&args, "--tg").map_or(Ok(128), |v| v.parse())?;
     if tg == 1 {
         return Err("--tg must be 0 (no decode figure) or at least 2".into());
+    }
+    let floor = args.iter().any(|a| a == "--floor");
+    if floor && tg < 3 {
+        return Err("--floor needs --tg of at least 3 (a read between two decode steps)".into());
     }
     let threads: usize = arg(&args, "--threads").map_or(Ok(2), |v| v.parse())?;
     let reps: usize = arg(&args, "--reps").map_or(Ok(5), |v| v.parse())?;
@@ -71,6 +83,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     )?;
     let model = loaded.model;
+    // Views of the same bytes the model reads (the matrices share their buffers).
+    let reads: Vec<QMatrix> = model
+        .weights
+        .decode_matrices()
+        .into_iter()
+        .cloned()
+        .collect();
+    let pool = model.pool().clone();
     let vocab = model.config.vocab_size as u64;
     let block_size = 16;
     // At least 2 MiB a K or V tensor, as in the server (whose pool, `--kv-memory`, is 2 GiB
@@ -104,7 +124,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .collect()
     };
-    let mut run = |prompt: Vec<u32>, gen: usize| -> (f64, f64) {
+    // (prefill tok/s, decode tok/s, with `read`: the decode steps' and the reads' seconds).
+    let mut run = |prompt: Vec<u32>, gen: usize, read: bool| -> (f64, f64, Duration, Duration) {
         let n = prompt.len();
         let stop = StopCriteria {
             max_tokens: gen,
@@ -114,14 +135,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let id = engine.add_request(prompt, SamplingParams::default(), stop);
         let start = Instant::now();
         let mut first = None;
+        let (mut stepping, mut reading) = (Duration::ZERO, Duration::ZERO);
         while engine.has_work() {
-            if !engine
-                .step()
-                .expect("KV pool sized for the benchmark")
-                .is_empty()
-                && first.is_none()
-            {
+            let t = Instant::now();
+            let out = engine.step().expect("KV pool sized for the benchmark");
+            if first.is_some() {
+                stepping += t.elapsed();
+            }
+            if !out.is_empty() && first.is_none() {
                 first = Some(Instant::now());
+            } else if read && first.is_some() && engine.has_work() {
+                let t = Instant::now();
+                std::hint::black_box(plain_read(&pool, &reads));
+                reading += t.elapsed();
             }
         }
         let end = Instant::now();
@@ -129,10 +155,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let first = first.unwrap_or(end);
         (
             n as f64 / (first - start).as_secs_f64(),
-            (gen - 1) as f64 / (end - first).as_secs_f64().max(1e-9),
+            (gen - 1) as f64 / (end - first - reading).as_secs_f64().max(1e-9),
+            stepping,
+            reading,
         )
     };
-    run(random_prompt(64), 4); // warm-up
+    run(random_prompt(64), 4, false); // warm-up
     let report = |name: &str, mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         println!(
@@ -143,16 +171,92 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     };
     for n in prefill_lens {
-        let v: Vec<f64> = (0..reps).map(|_| run(random_prompt(n), 1).0).collect();
+        let v: Vec<f64> = (0..reps)
+            .map(|_| run(random_prompt(n), 1, false).0)
+            .collect();
         report(&format!("pp{n}"), v);
     }
     if tg > 0 {
-        let v: Vec<f64> = (0..reps).map(|_| run(random_prompt(128), tg).1).collect();
+        let v: Vec<f64> = (0..reps)
+            .map(|_| run(random_prompt(128), tg, false).1)
+            .collect();
         report(&format!("tg{tg}"), v);
     }
     if let Some(d) = depth {
-        let v: Vec<f64> = (0..reps).map(|_| run(random_prompt(d), 64).1).collect();
+        let v: Vec<f64> = (0..reps)
+            .map(|_| run(random_prompt(d), 64, false).1)
+            .collect();
         report(&format!("tg64@d{d}"), v);
     }
+    if floor && tg > 0 {
+        let bytes: usize = reads.iter().map(|m| m.data.bytes().len()).sum();
+        let (mut share, mut rate, mut gb_s) = (vec![], vec![], vec![]);
+        for _ in 0..reps {
+            let (_, tok_s, stepping, reading) = run(random_prompt(128), tg, true);
+            // Every step after the first token was followed by one read but the last.
+            let reads_done = (tg - 2) as f64;
+            let per_step = stepping.as_secs_f64() / (tg - 1) as f64;
+            share.push(100.0 * reading.as_secs_f64() / reads_done / per_step);
+            rate.push(tok_s);
+            gb_s.push(bytes as f64 * reads_done / reading.as_secs_f64() / 1e9);
+        }
+        let med = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            (v[v.len() / 2], v[0], v[v.len() - 1])
+        };
+        let (s, r, g) = (med(share), med(rate), med(gb_s));
+        println!(
+            "{{\"engine\": \"vigil\", \"test\": \"tg{tg}-floor\", \"threads\": {threads}, \"reps\": {reps}, \"read_bytes_per_token\": {bytes}, \"floor_share_pct_median\": {:.1}, \"floor_share_pct_min\": {:.1}, \"floor_share_pct_max\": {:.1}, \"tokens_per_s_median\": {:.2}, \"tokens_per_s_min\": {:.2}, \"tokens_per_s_max\": {:.2}, \"read_gb_s_median\": {:.2}, \"read_gb_s_min\": {:.2}, \"read_gb_s_max\": {:.2}}}",
+            s.0, s.1, s.2, r.0, r.1, r.2, g.0, g.1, g.2
+        );
+    }
     Ok(())
+}
+
+/// The kernel threads sum the bytes of `mats` in one dispatch, each its own contiguous share of
+/// them in order (long sequential runs, the most favourable read): the bytes a decode token's
+/// matmuls read, read as fast as this host reads memory right now.
+fn plain_read(pool: &ThreadPool, mats: &[QMatrix]) -> u64 {
+    // The aligned middle of each matrix: any other bytes are a few at either end.
+    let parts: Vec<&[u64]> = mats
+        .iter()
+        .map(|m| bytemuck::pod_align_to::<u8, u64>(m.data.bytes()).1)
+        .collect();
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let n = pool.num_threads();
+    let sums: Vec<std::sync::atomic::AtomicU64> = (0..n).map(|_| Default::default()).collect();
+    pool.run(n, |i| {
+        let (lo, hi) = (i * total / n, (i + 1) * total / n);
+        let (mut acc, mut at) = ([0u64; 4], 0);
+        for p in &parts {
+            let (a, b) = (lo.max(at) - at, hi.min(at + p.len()).saturating_sub(at));
+            at += p.len();
+            if a >= b {
+                continue;
+            }
+            let mut chunks = p[a..b].chunks_exact(4);
+            for (k, c) in (&mut chunks).enumerate() {
+                // A line 1 KiB ahead per line read, as the decode tiles ask for theirs (without
+                // it, this read is the slower one on the Xeon measured: 24 against 32 GB/s).
+                #[cfg(target_arch = "x86_64")]
+                if k % 2 == 0 {
+                    // SAFETY: a prefetch never faults.
+                    unsafe {
+                        use std::arch::x86_64::*;
+                        _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().wrapping_add(128).cast());
+                    }
+                }
+                for (s, w) in acc.iter_mut().zip(c) {
+                    *s = s.wrapping_add(*w);
+                }
+            }
+            for w in chunks.remainder() {
+                acc[0] = acc[0].wrapping_add(*w);
+            }
+        }
+        let s = acc.iter().fold(0u64, |a, &x| a.wrapping_add(x));
+        sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
+    });
+    sums.iter()
+        .fold(0, |a, s| a ^ s.load(std::sync::atomic::Ordering::Relaxed))
 }

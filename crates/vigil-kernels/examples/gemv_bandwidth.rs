@@ -7,13 +7,14 @@
 //! round robin) in `format` (`bf16` default, `f16`, `f32`, `q8_0`, `q4_0`, `q4_1`, and `q4_0x8`,
 //! `q4_1x8` interleaved as loaded), then runs one activation row through every matrix
 //! in turn, as a decode step does, and prints the weight bytes read per second (best pass)
-//! beside a plain read of the same bytes (every thread summing its own slice).
+//! beside a plain read of the same bytes (every thread summing its own slice). The matrices
+//! lie in one buffer in huge pages, as a loaded checkpoint's do.
 
 use std::sync::Arc;
 use std::time::Instant;
 use vigil_kernels::matmul::matmul;
 use vigil_kernels::pool::ThreadPool;
-use vigil_kernels::storage::AlignedBytes;
+use vigil_kernels::storage::{resident_copy, AlignedBytes};
 use vigil_kernels::{DType, QMatrix, WeightData};
 
 const QWEN3_SHAPES: [(usize, usize); 3] = [(1024, 1024), (3072, 1024), (1024, 3072)];
@@ -67,6 +68,29 @@ fn main() {
         );
         let x8 = interleave.then(|| vigil_kernels::quant::interleave::interleaved(&w));
         mats.push(x8.flatten().unwrap_or(w));
+    }
+    // Into one buffer in huge pages, as the loader places a checkpoint's weights
+    // (`storage::resident_copy`): from 4 KiB pages the reads are slower and differently so.
+    let mut offsets = Vec::new();
+    let mut len = 0;
+    for w in &mats {
+        offsets.push(len);
+        len = (len + w.data.bytes().len()).next_multiple_of(64);
+    }
+    let parts: Vec<(usize, &[u8])> = offsets
+        .iter()
+        .zip(&mats)
+        .map(|(&at, w)| (at, w.data.bytes()))
+        .collect();
+    let map = Arc::new(resident_copy(len, &parts).expect("anonymous memory for the weights"));
+    drop(parts);
+    for (w, &offset) in mats.iter_mut().zip(&offsets) {
+        let len = w.data.bytes().len();
+        w.data = WeightData::Mapped {
+            map: map.clone(),
+            offset,
+            len,
+        };
     }
     let x: Vec<f32> = (0..3072 * m)
         .map(|k| ((k % 17) as f32 - 8.0) * 0.01)

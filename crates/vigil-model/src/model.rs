@@ -87,6 +87,11 @@ impl Model {
         self.pool = other.pool.clone();
     }
 
+    /// The kernel threads this model runs on.
+    pub fn pool(&self) -> &Arc<ThreadPool> {
+        &self.pool
+    }
+
     /// Move KV rows (source slot, destination slot) `delta` positions, re-rotating the keys
     /// with this model's RoPE (see `KvCache::move_rows_rotating_keys`). The moved tokens'
     /// KV still reflects the context they were computed in: an approximation.

@@ -80,6 +80,26 @@ impl ModelWeights {
         all
     }
 
+    /// The matrices one decode token's matmuls read whole: every layer's and the output
+    /// projection (a tied embedding once, as the output; an untied one only has a row looked
+    /// up). A MoE layer lists all its experts, though a token reads only those it is routed to.
+    pub fn decode_matrices(&self) -> Vec<&QMatrix> {
+        let mut all = vec![&self.output];
+        for l in &self.layers {
+            all.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+            match &l.ffn {
+                FeedForward::Dense(m) => all.extend([&m.gate, &m.up, &m.down]),
+                FeedForward::Sparse(moe) => {
+                    all.push(&moe.router);
+                    for m in &moe.experts {
+                        all.extend([&m.gate, &m.up, &m.down]);
+                    }
+                }
+            }
+        }
+        all
+    }
+
     /// Moves every matrix still viewing the checkpoint's file mapping into one resident buffer
     /// (`storage::resident_copy`), 64-byte aligned each; bytes viewed twice (a tied output)
     /// are copied once. Matrices converted at load own their bytes already and stay where
