@@ -18,6 +18,11 @@ pub enum DType {
 }
 
 impl DType {
+    /// A plain float format (F32, F16, BF16): one value a block.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+
     /// Values per block (1 for plain float formats).
     pub const fn block_size(self) -> usize {
         match self {

@@ -1,6 +1,7 @@
 //! The 8-row interleaved layout (`quant::interleave`) keeps every row: each row read back
 //! (`row_bytes`, `dequantize_row`) is the row-major one, byte for byte, for row counts that
-//! leave the last group partial (Q4_0, Q4_1, Q8_0); other formats have no interleaved form.
+//! leave the last group partial (Q4_0, Q4_1, Q8_0, and F32, F16, BF16 of whole chunks of 8
+//! columns); other formats and shapes have no interleaved form.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -13,9 +14,10 @@ use vigil_kernels::{DType, Layout, QMatrix, WeightData};
 fn random(rng: &mut ChaCha8Rng, dtype: DType, rows: usize, cols: usize) -> QMatrix {
     let mut bytes = vec![0u8; rows * cols / dtype.block_size() * dtype.type_size()];
     rng.fill(&mut bytes[..]);
-    // Finite f16 scales (and Q4_1 mins): exponent bits below all-ones.
+    // Finite f16 scales (and Q4_1 mins) and float values: exponent bits below all-ones.
     for b in bytes.chunks_exact_mut(dtype.type_size()) {
-        b[1] &= 0x3B;
+        let top = b.len() - 1;
+        b[if dtype.is_float() { top } else { 1 }] &= 0x3B;
         if dtype == DType::Q4_1 {
             b[3] &= 0x3B;
         }
@@ -31,11 +33,27 @@ fn random(rng: &mut ChaCha8Rng, dtype: DType, rows: usize, cols: usize) -> QMatr
 #[test]
 fn every_row_reads_back_unchanged() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+    for dtype in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+    ] {
         for rows in [1, 7, 8, 9, 16, 43] {
-            let cols = 32 * rng.random_range(1..12);
+            let unit = if dtype.is_float() { 8 } else { 32 };
+            let cols = unit * rng.random_range(1..12);
             let w = random(&mut rng, dtype, rows, cols);
-            let x8 = interleaved(&w).expect("Q4_0 / Q4_1 / Q8_0 interleave");
+            if dtype == DType::BF16 && vigil_kernels::cpu::bf16_dots() {
+                // `vdpbf16ps` reads rows: BF16 keeps them in such a process.
+                assert!(
+                    interleaved(&w).is_none(),
+                    "BF16 interleaved beside BF16 dots"
+                );
+                continue;
+            }
+            let x8 = interleaved(&w).expect("these formats interleave");
             assert_eq!(x8.layout, Layout::Interleaved8);
             assert_eq!(
                 x8.data.bytes().len(),
@@ -55,11 +73,18 @@ fn every_row_reads_back_unchanged() {
 }
 
 #[test]
-fn only_32_value_integer_row_major_matrices_interleave() {
+fn only_32_value_integer_and_whole_chunk_float_row_major_matrices_interleave() {
     let mut rng = ChaCha8Rng::seed_from_u64(8);
-    for dtype in [DType::Q4K, DType::Q6K, DType::BF16, DType::F32] {
+    for dtype in [DType::Q4K, DType::Q6K] {
         let w = random(&mut rng, dtype, 8, 256);
         assert!(interleaved(&w).is_none(), "{dtype} has no interleaved form");
+    }
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let w = random(&mut rng, dtype, 8, 100);
+        assert!(
+            interleaved(&w).is_none(),
+            "{dtype}: 100 columns is not whole chunks of 8"
+        );
     }
     let x8 = interleaved(&random(&mut rng, DType::Q4_0, 8, 64)).unwrap();
     assert!(interleaved(&x8).is_none(), "already interleaved");

@@ -9,7 +9,8 @@
 //! skipped with a "skipped: CPU lacks ..." line on stderr), at ragged shapes: activation rows around the GEMM's threshold (8), its tile (3 rows) and
 //! its chunks (66 rows at 1003 columns, 33 at 3077), weight rows not a multiple of its 4-row
 //! group or of the threads' 8-row split, columns not a multiple of 8 and spanning several
-//! 512-column blocks.
+//! 512-column blocks. Each shape whose columns are whole chunks of 8 runs again on the matrix
+//! interleaved 8 rows at a time, as the loader stores it (`quant::interleave`): the same bits.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use vigil_kernels::cpu::{self, Isa};
 use vigil_kernels::matmul::matmul_isa;
 use vigil_kernels::pool::ThreadPool;
+use vigil_kernels::quant::interleave::interleaved;
 use vigil_kernels::storage::AlignedBytes;
 use vigil_kernels::{DType, QMatrix, WeightData};
 
@@ -129,21 +131,49 @@ fn check(
             dot(&wv[j * cols..][..cols], &x[i * cols..][..cols]).to_bits()
         })
         .collect();
+    // The same matrix interleaved 8 rows at a time, as the loader stores it (whole chunks of 8
+    // columns only): the same bits.
+    let x8 = interleaved(&w);
     for pool in pools {
-        let mut out = vec![f32::NAN; m * rows];
-        matmul_isa(pool, isa, &w, &x, m, &mut out);
-        for (k, (&got, &want)) in out.iter().zip(&expected).enumerate() {
-            assert_eq!(
-                got.to_bits(),
-                want,
-                "{} {dtype} m={m} rows={rows} cols={cols} threads={} out[{}][{}]: {} vs {}",
-                isa.name(),
-                pool.num_threads(),
-                k / rows,
-                k % rows,
-                got,
-                f32::from_bits(want)
-            );
+        for w in std::iter::once(&w).chain(&x8) {
+            let mut out = vec![f32::NAN; m * rows];
+            matmul_isa(pool, isa, w, &x, m, &mut out);
+            for (k, (&got, &want)) in out.iter().zip(&expected).enumerate() {
+                assert_eq!(
+                    got.to_bits(),
+                    want,
+                    "{} {dtype} {:?} m={m} rows={rows} cols={cols} threads={} out[{}][{}]: {} vs {}",
+                    isa.name(),
+                    w.layout,
+                    pool.num_threads(),
+                    k / rows,
+                    k % rows,
+                    got,
+                    f32::from_bits(want)
+                );
+            }
+        }
+    }
+}
+
+/// The portable path reads an interleaved float matrix's rows back out of their groups: the
+/// same bits as from the rows (its own summation order, which the contract does not bind).
+#[test]
+fn scalar_float_matmul_reads_interleaved_rows_as_rows() {
+    let mut rng = ChaCha8Rng::seed_from_u64(37);
+    let pool = ThreadPool::new(2);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (m, rows, cols) in [(1, 13, 1000), (3, 37, 64), (9, 8, 16), (1, 300, 256)] {
+            let (w, _) = weights(&mut rng, dtype, rows, cols);
+            let x8 = interleaved(&w).expect("whole chunks of 8 columns interleave");
+            let x: Vec<f32> = (0..m * cols)
+                .map(|_| rng.random_range(-2.0f32..2.0))
+                .collect();
+            let (mut a, mut b) = (vec![0f32; m * rows], vec![0f32; m * rows]);
+            matmul_isa(&pool, Isa::Scalar, &w, &x, m, &mut a);
+            matmul_isa(&pool, Isa::Scalar, &x8, &x, m, &mut b);
+            let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "{dtype} m={m} rows={rows} cols={cols}");
         }
     }
 }

@@ -105,9 +105,9 @@ impl ModelWeights {
     /// are copied once. Matrices converted at load own their bytes already and stay where
     /// they are, so nothing the model no longer reads is copied.
     ///
-    /// With SIMD kernels, the Q4_0 / Q4_1 / Q8_0 matrices the matmuls read are stored
-    /// interleaved 8 rows at a time instead (`quant::interleave`): the same bytes in the order
-    /// the kernels multiply them. An untied embedding, which only has rows looked up, stays
+    /// With SIMD kernels, the Q4_0 / Q4_1 / Q8_0 and float matrices the matmuls read are
+    /// stored interleaved 8 rows at a time instead (`quant::interleave`): the same bytes in the
+    /// order the kernels multiply them. An untied embedding, which only has rows looked up, stays
     /// row-major; a tied one is the output projection too and is interleaved (a lookup takes
     /// its row back out of the groups, `dequantize_row`).
     pub fn make_resident(&mut self) -> std::io::Result<()> {

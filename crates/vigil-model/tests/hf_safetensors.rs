@@ -324,11 +324,17 @@ fn loaded_weights_are_a_resident_copy_of_the_checkpoint() {
         ),
     ] {
         let file = store.tensor(name).unwrap();
-        assert_eq!(
-            m.data.bytes(),
-            file.data.bytes(),
-            "{name} bytes of the resident copy"
-        );
+        // The kernels' matrices are interleaved 8 rows at a time (`quant::interleave`): the
+        // same rows, byte for byte, in another order.
+        let n = m.row_bytes();
+        for r in 0..m.rows {
+            assert_eq!(
+                vigil_kernels::quant::interleave::row_bytes(m, r),
+                file.data.bytes()[r * n..(r + 1) * n],
+                "{name} row {r} of the resident copy ({:?})",
+                m.layout
+            );
+        }
         assert!(
             std::sync::Arc::ptr_eq(&map_of(&m.data), &copy),
             "{name} ({}) is not in the one resident buffer",

@@ -182,10 +182,19 @@ fn check_shapes(w: &QMatrix, x: &[f32], m: usize, out: &[f32]) {
         w.rows
     );
     if w.layout == Layout::Interleaved8 {
+        let float =
+            w.dtype.is_float() && w.cols.is_multiple_of(crate::quant::interleave::FLOAT_CHUNK);
         assert!(
-            matches!(w.dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0),
-            "matmul: {} has no interleaved layout",
+            matches!(w.dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) || float,
+            "matmul: {} × {} {} has no interleaved layout",
+            w.rows,
+            w.cols,
             w.dtype
+        );
+        #[cfg(target_arch = "x86_64")]
+        assert!(
+            !(w.dtype == DType::BF16 && cpu::bf16_dots()),
+            "matmul: BF16 dots (VIGIL_BF16_DOTS) read BF16 matrices as rows"
         );
         assert!(
             w.data.bytes().len() >= w.rows.div_ceil(8) * 8 * w.row_bytes(),
@@ -395,8 +404,10 @@ fn run(
             let x = &x[..m * cols];
             split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
                 let (w, rows) = (p.w, p.w.rows);
-                let wbytes = &w.data.bytes()[..rows * w.row_bytes()];
-                rows_float(path, dtype, wbytes, rows, cols, x, m, r0, r1, p.out)
+                let x8 = w.layout == Layout::Interleaved8;
+                let stored = if x8 { rows.div_ceil(8) * 8 } else { rows };
+                let wbytes = &w.data.bytes()[..stored * w.row_bytes()];
+                rows_float(path, dtype, wbytes, x8, rows, cols, x, m, r0, r1, p.out)
             });
         }
     }

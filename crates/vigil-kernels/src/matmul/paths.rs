@@ -366,6 +366,7 @@ pub(super) fn rows_float(
     path: Path,
     dtype: DType,
     w: &[u8],
+    x8: bool,
     rows: usize,
     cols: usize,
     x: &[f32],
@@ -382,10 +383,23 @@ pub(super) fn rows_float(
                 DType::BF16 => scalar::dot_bf16,
                 _ => scalar::dot_f32,
             };
+            // Rows taken back out of their groups when interleaved (`quant::interleave`).
+            let row = |j: usize| -> std::borrow::Cow<[u8]> {
+                if x8 {
+                    let chunk = interleave::FLOAT_CHUNK * dtype.type_size();
+                    let (g, k) = (j / 8, j % 8);
+                    let group = &w[g * 8 * row_bytes..(g + 1) * 8 * row_bytes];
+                    let at = |s: usize| (s * 8 + k) * chunk;
+                    let bytes = (0..row_bytes / chunk).flat_map(|s| &group[at(s)..at(s) + chunk]);
+                    bytes.copied().collect::<Vec<u8>>().into()
+                } else {
+                    w[j * row_bytes..(j + 1) * row_bytes].into()
+                }
+            };
             for i in 0..m {
                 let xr = &x[i * cols..(i + 1) * cols];
                 for j in r0..r1 {
-                    let v = dot(&w[j * row_bytes..(j + 1) * row_bytes], xr);
+                    let v = dot(&row(j), xr);
                     // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
                     unsafe { *out.0.add(i * rows + j) = v };
                 }
@@ -394,28 +408,27 @@ pub(super) fn rows_float(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `rows_32`; every SIMD level has AVX2.
         _ => unsafe {
-            use crate::quant::dot::avx2_float::{matmul_rows, BF16, F16, F32};
+            use crate::quant::dot::avx2_float::{matmul_rows, FloatRows, BF16, F16, F32};
+            let w = FloatRows { w, cols, x8 };
             if m >= FLOAT_GEMM_MIN_ROWS {
                 use crate::quant::dot::avx2_float_gemm::{matmul_rows as gemm, Avx2};
                 use crate::quant::dot::avx512_float_gemm::Avx512;
                 // The AVX-512 tiles or the AVX2 ones: the same numerics, bit for bit.
                 return match (path, dtype) {
-                    (Isa::Avx512, DType::F16) => {
-                        gemm::<Avx512, F16>(w, rows, cols, x, m, r0, r1, out.0)
-                    }
+                    (Isa::Avx512, DType::F16) => gemm::<Avx512, F16>(w, rows, x, m, r0, r1, out.0),
                     (Isa::Avx512, DType::BF16) => {
-                        gemm::<Avx512, BF16>(w, rows, cols, x, m, r0, r1, out.0)
+                        gemm::<Avx512, BF16>(w, rows, x, m, r0, r1, out.0)
                     }
-                    (Isa::Avx512, _) => gemm::<Avx512, F32>(w, rows, cols, x, m, r0, r1, out.0),
-                    (_, DType::F16) => gemm::<Avx2, F16>(w, rows, cols, x, m, r0, r1, out.0),
-                    (_, DType::BF16) => gemm::<Avx2, BF16>(w, rows, cols, x, m, r0, r1, out.0),
-                    _ => gemm::<Avx2, F32>(w, rows, cols, x, m, r0, r1, out.0),
+                    (Isa::Avx512, _) => gemm::<Avx512, F32>(w, rows, x, m, r0, r1, out.0),
+                    (_, DType::F16) => gemm::<Avx2, F16>(w, rows, x, m, r0, r1, out.0),
+                    (_, DType::BF16) => gemm::<Avx2, BF16>(w, rows, x, m, r0, r1, out.0),
+                    _ => gemm::<Avx2, F32>(w, rows, x, m, r0, r1, out.0),
                 };
             }
             match dtype {
-                DType::F16 => matmul_rows::<F16>(w, rows, cols, x, m, r0, r1, out.0),
-                DType::BF16 => matmul_rows::<BF16>(w, rows, cols, x, m, r0, r1, out.0),
-                _ => matmul_rows::<F32>(w, rows, cols, x, m, r0, r1, out.0),
+                DType::F16 => matmul_rows::<F16>(w, rows, x, m, r0, r1, out.0),
+                DType::BF16 => matmul_rows::<BF16>(w, rows, x, m, r0, r1, out.0),
+                _ => matmul_rows::<F32>(w, rows, x, m, r0, r1, out.0),
             }
         },
         #[cfg(not(target_arch = "x86_64"))]

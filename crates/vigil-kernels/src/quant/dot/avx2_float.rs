@@ -80,24 +80,68 @@ pub(super) fn hsum8(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// The 8 pairs `(i = k % MR, j = k / MR)` of one tile.
+/// A float matrix's bytes as the kernels address them: rows one after another, or interleaved
+/// 8 rows at a time (`quant::interleave`: chunk `s` of row `8g + k` at
+/// `((g * cols / 8 + s) * 8 + k) * 8` values, `cols` a multiple of 8, the last group padded).
+#[derive(Clone, Copy)]
+pub struct FloatRows<'a> {
+    pub w: &'a [u8],
+    pub cols: usize,
+    pub x8: bool,
+}
+
+impl FloatRows<'_> {
+    /// Where row `j`'s first chunk of 8 values starts.
+    #[inline]
+    pub fn row<W: FloatW>(&self, j: usize) -> *const u8 {
+        let at = if self.x8 {
+            (j / 8 * 8 * self.cols + j % 8 * 8) * W::BYTES
+        } else {
+            j * self.cols * W::BYTES
+        };
+        self.w[at..].as_ptr()
+    }
+
+    /// Bytes from one chunk of 8 values of a row to its next.
+    #[inline]
+    pub fn stride<W: FloatW>(&self) -> usize {
+        8 * W::BYTES * if self.x8 { 8 } else { 1 }
+    }
+}
+
+/// How far ahead an interleaved group's decode tile fetches its run: on the Xeon measured, 2 KiB
+/// read fastest (farther, the lines start to leave L1 before use; a whole group ahead, as the
+/// rows layout fetches, was the slowest).
+const X8_PREFETCH: usize = 2048;
+
+/// The 8 pairs `(i = k % MR, j = k / MR)` of one tile. `stride`: bytes from one chunk of 8 of
+/// a row to its next (`FloatRows::stride`); the `cols % 8` tail exists only for rows, whose
+/// chunks are `8 * BYTES` apart. `prefetch` (0: none): as rows, the line that far past each
+/// row's current one; interleaved (`X8`), the group's run that far past its current chunk.
 ///
 /// # Safety
-/// AVX2+FMA+F16C; every pointer addresses `cols` elements.
+/// AVX2+FMA+F16C; every pointer addresses its row's `cols` elements at that stride.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<W: FloatW, const MR: usize, const NR: usize>(
+unsafe fn tile<W: FloatW, const MR: usize, const NR: usize, const X8: bool>(
     w: &[*const u8; NR],
     x: &[*const f32; MR],
     cols: usize,
+    stride: usize,
     prefetch: isize,
 ) -> [f32; 8] {
     let mut acc = [_mm256_setzero_ps(); 8];
     let n8 = cols / 8 * 8;
     for k in (0..n8).step_by(8) {
-        if prefetch != 0 && (k * W::BYTES) % 64 == 0 {
+        let at = k / 8 * stride;
+        if prefetch != 0 && X8 {
+            // The group's 8 chunks are one run of `stride` bytes: fetch the lines ahead of it.
+            for l in (0..stride).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(w[0].add(at + l).wrapping_offset(prefetch).cast());
+            }
+        } else if prefetch != 0 && (k * W::BYTES) % 64 == 0 {
             // The same line of the next tile's rows, so DRAM streams ahead of use.
             for j in 0..NR {
-                let ahead = w[j].add(k * W::BYTES).wrapping_offset(prefetch);
+                let ahead = w[j].add(at).wrapping_offset(prefetch);
                 _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
             }
         }
@@ -106,7 +150,7 @@ unsafe fn tile<W: FloatW, const MR: usize, const NR: usize>(
             xv[i] = _mm256_loadu_ps(x[i].add(k));
         }
         for j in 0..NR {
-            let wv = W::load8(w[j].add(k * W::BYTES));
+            let wv = W::load8(w[j].add(at));
             for i in 0..MR {
                 acc[j * MR + i] = _mm256_fmadd_ps(wv, xv[i], acc[j * MR + i]);
             }
@@ -127,21 +171,42 @@ unsafe fn tile<W: FloatW, const MR: usize, const NR: usize>(
 /// `out[i * rows + j]` for all `m` activation rows and weight rows `j in r0..r1`.
 ///
 /// # Safety
-/// AVX2+FMA+F16C; `w` holds `rows * cols` elements; `x` holds `m * cols`; `out` addresses
-/// `m * rows` floats and no other thread writes columns `r0..r1`.
+/// AVX2+FMA+F16C; `w` holds `rows * cols` elements (interleaved: whole groups of 8 rows, and
+/// `r0` a multiple of 8); `x` holds `m * cols`; `out` addresses `m * rows` floats and no other
+/// thread writes columns `r0..r1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn matmul_rows<W: FloatW>(
-    w: &[u8],
+    w: FloatRows,
     rows: usize,
-    cols: usize,
     x: &[f32],
     m: usize,
     r0: usize,
     r1: usize,
     out: *mut f32,
 ) {
-    let wrow = |j: usize| w.as_ptr().add(j.min(r1 - 1) * cols * W::BYTES);
+    if w.x8 {
+        rows_on::<W, true>(w, rows, x, m, r0, r1, out)
+    } else {
+        rows_on::<W, false>(w, rows, x, m, r0, r1, out)
+    }
+}
+
+/// `matmul_rows` for one layout.
+///
+/// # Safety
+/// As `matmul_rows`, with `X8 == w.x8`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_on<W: FloatW, const X8: bool>(
+    w: FloatRows,
+    rows: usize,
+    x: &[f32],
+    m: usize,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    let (cols, stride) = (w.cols, w.stride::<W>());
+    let wrow = |j: usize| w.row::<W>(j.min(r1 - 1));
     let xrow = |i: usize| x.as_ptr().add(i * cols);
     for c0 in (0..m).step_by(ROW_CHUNK) {
         let c1 = (c0 + ROW_CHUNK).min(m);
@@ -152,16 +217,17 @@ pub unsafe fn matmul_rows<W: FloatW>(
                 let xp = [xrow(i0), xrow(i0 + 1), xrow(i0 + 2), xrow(i0 + 3)];
                 for jj in (j0..(j0 + 8).min(r1)).step_by(2) {
                     let wp = [wrow(jj), wrow(jj + 1)];
-                    let r = tile::<W, 4, 2>(&wp, &xp, cols, 0);
+                    let r = tile::<W, 4, 2, X8>(&wp, &xp, cols, stride, 0);
                     super::avx2::store(out, rows, &r, 4, i0, jj, r1);
                 }
             }
             let wp: [*const u8; 8] = std::array::from_fn(|k| wrow(j0 + k));
-            // Decode streams the weights once: fetch the next group (8 rows on) meanwhile (a
-            // prefetch past the matrix is dropped, never faults).
-            let prefetch = (8 * cols * W::BYTES) as isize;
+            // Decode streams the weights once: fetch ahead meanwhile, as rows the next group
+            // (8 rows on), interleaved a little way along the group's run (a prefetch past the
+            // matrix is dropped, never faults).
+            let prefetch = if X8 { X8_PREFETCH } else { 8 * cols * W::BYTES } as isize;
             for i0 in full..c1 {
-                let r = tile::<W, 1, 8>(&wp, &[xrow(i0)], cols, prefetch);
+                let r = tile::<W, 1, 8, X8>(&wp, &[xrow(i0)], cols, stride, prefetch);
                 super::avx2::store(out, rows, &r, 1, i0, j0, r1);
             }
         }

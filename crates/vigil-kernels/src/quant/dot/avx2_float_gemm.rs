@@ -19,7 +19,7 @@
 // Index loops mirror the buffer layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_float::{hsum8, FloatW};
+use super::avx2_float::{hsum8, FloatRows, FloatW};
 use crate::unroll::unrolled4;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -89,17 +89,18 @@ thread_local! {
     static BUFS: RefCell<Bufs> = RefCell::new(Bufs::default());
 }
 
-/// Widen columns `k0..k0 + 8 * steps` of the `nr = w.len()` rows `w` into `out`: chunk `s` of
-/// row `j` at `out[s * nr + j]`.
+/// Widen columns `k0..k0 + 8 * steps` of the `nr = w.len()` rows `w` (a row's chunks of 8
+/// `stride` bytes apart, `FloatRows::stride`) into `out`: chunk `s` of row `j` at
+/// `out[s * nr + j]`.
 ///
 /// # Safety
 /// AVX2+F16C; each row addresses `k0 + 8 * steps` elements; `out` holds `steps * nr`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack_w<W: FloatW>(w: &[*const u8], k0: usize, steps: usize, out: *mut V8) {
+unsafe fn pack_w<W: FloatW>(w: &[*const u8], stride: usize, k0: usize, steps: usize, out: *mut V8) {
     let nr = w.len();
     for s in 0..steps {
         for (j, row) in w.iter().enumerate() {
-            let v = W::load8(row.add((k0 + 8 * s) * W::BYTES));
+            let v = W::load8(row.add((k0 / 8 + s) * stride));
             _mm256_store_ps(out.add(s * nr + j).cast(), v);
         }
     }
@@ -185,14 +186,13 @@ unsafe fn hsum8x4(a: *const V8) -> __m128 {
 /// `T` (`Avx2` here, `avx512_float_gemm::Avx512`).
 ///
 /// # Safety
-/// AVX2+FMA+F16C and `T`'s ISA; `w` holds `rows * cols` elements; `x` holds `m * cols`; `out`
-/// addresses `m * rows` floats and no other thread writes columns `r0..r1`.
+/// AVX2+FMA+F16C and `T`'s ISA; `w` holds `rows * cols` elements (interleaved: whole groups of
+/// 8 rows); `x` holds `m * cols`; `out` addresses `m * rows` floats and no other thread writes
+/// columns `r0..r1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn matmul_rows<T: Tiles, W: FloatW>(
-    w: &[u8],
+    w: FloatRows,
     rows: usize,
-    cols: usize,
     x: &[f32],
     m: usize,
     r0: usize,
@@ -200,9 +200,9 @@ pub(crate) unsafe fn matmul_rows<T: Tiles, W: FloatW>(
     out: *mut f32,
 ) {
     BUFS.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut bufs) => run::<T, W>(&mut bufs, w, rows, cols, x, m, r0, r1, out),
+        Ok(mut bufs) => run::<T, W>(&mut bufs, w, rows, x, m, r0, r1, out),
         // Re-entered on this thread (not expected): use private buffers.
-        Err(_) => run::<T, W>(&mut Bufs::default(), w, rows, cols, x, m, r0, r1, out),
+        Err(_) => run::<T, W>(&mut Bufs::default(), w, rows, x, m, r0, r1, out),
     })
 }
 
@@ -221,9 +221,8 @@ fn grow(v: &mut Vec<V16>, n: usize) -> *mut V8 {
 #[allow(clippy::too_many_arguments)]
 unsafe fn run<T: Tiles, W: FloatW>(
     bufs: &mut Bufs,
-    w: &[u8],
+    w: FloatRows,
     rows: usize,
-    cols: usize,
     x: &[f32],
     m: usize,
     r0: usize,
@@ -231,6 +230,7 @@ unsafe fn run<T: Tiles, W: FloatW>(
     out: *mut f32,
 ) {
     let (mr, nr) = (T::MR, T::NR);
+    let (cols, stride) = (w.cols, w.stride::<W>());
     let n8 = cols / 8 * 8;
     let nsteps = n8 / 8;
     // Equal chunks of at most the budget's rows, whole tiles each.
@@ -261,12 +261,12 @@ unsafe fn run<T: Tiles, W: FloatW>(
         for j0 in (r0..r1).step_by(nr) {
             // Rows past r1 repeat row r1 - 1; their outputs are dropped.
             for (j, p) in wp[..nr].iter_mut().enumerate() {
-                *p = w.as_ptr().add((j0 + j).min(r1 - 1) * cols * W::BYTES);
+                *p = w.row::<W>((j0 + j).min(r1 - 1));
             }
             std::slice::from_raw_parts_mut(acc, tiles * mr * nr).fill(V8([0.0; 8]));
             for k0 in (0..n8).step_by(KC) {
                 let steps = KC.min(n8 - k0) / 8;
-                pack_w::<W>(&wp[..nr], k0, steps, pw);
+                pack_w::<W>(&wp[..nr], stride, k0, steps, pw);
                 // The weights packed next: this block's continuation, or the next group's
                 // first block. Fetch them while the tiles run, a share per tile.
                 let (nj, nk) = if k0 + KC < n8 {
@@ -274,24 +274,27 @@ unsafe fn run<T: Tiles, W: FloatW>(
                 } else {
                     (j0 + nr, 0)
                 };
-                let lines = if nj < r1 {
-                    KC.min(n8 - nk) * W::BYTES / 64
+                // As rows, `nr` runs of a block's columns each; interleaved, the runs of the
+                // groups of 8 rows the `nr` rows are in (the whole group: the other rows'
+                // chunks share its lines, and the group's next `nr` rows are packed soon).
+                let (runs, run_bytes) = if w.x8 {
+                    (nr.div_ceil(8), KC.min(n8 - nk) / 8 * stride)
                 } else {
-                    0
+                    (nr, KC.min(n8 - nk) * W::BYTES)
                 };
-                for (j, p) in next[..nr].iter_mut().enumerate() {
-                    *p = w
-                        .as_ptr()
-                        .add(((nj + j).min(r1 - 1) * cols + nk) * W::BYTES);
+                let lines = if nj < r1 { run_bytes / 64 } else { 0 };
+                for (j, p) in next[..runs].iter_mut().enumerate() {
+                    let row = if w.x8 { nj / 8 * 8 + 8 * j } else { nj + j };
+                    *p = w.row::<W>(row.min(r1 - 1)).add(nk / 8 * stride);
                 }
-                let per_tile = (lines * nr).div_ceil(tiles);
+                let per_tile = (lines * runs).div_ceil(tiles);
                 let (mut j, mut l) = (0, 0);
                 for t in 0..tiles {
                     for _ in 0..per_tile {
                         if l == lines {
                             (j, l) = (j + 1, 0);
                         }
-                        if j < nr {
+                        if j < runs {
                             _mm_prefetch::<_MM_HINT_T0>(next[j].add(l * 64).cast());
                             l += 1;
                         }
