@@ -4,7 +4,9 @@
 # pp2048 (llama.cpp with flash attention on, its best for prefill), decode tg128, and decode of
 # 64 tokens after 2,048 (llama.cpp with flash attention off and on: off was its best at depth),
 # plus the read bandwidth (mem_bandwidth, 2 threads, 1 GiB) the floors divide by: at each round's
-# start, and just before and after each Vigil run (the floors take the mean of those two). Writes one
+# start, and just before and after each Vigil run (the floors take the mean of those two); and
+# bench_core's `tg128-floor`, decode alternated token by token with a plain read of the bytes it
+# reads (its share of what memory gives right then, in the same process). Writes one
 # file per run into OUT_DIR, and load.txt (uptime before and after each round).
 # Usage: LLAMACPP_BIN=... scripts/bench_decode_vs_llamabench.sh OUT_DIR [Q4_0_GGUF]
 # (VIGIL_MAX_ISA=avx2 with an LLAMACPP_MAX_ISA=avx2 build times both engines' AVX2 paths.)
@@ -29,7 +31,7 @@ for r in 1 2; do
   for f in q4_0 q4_1; do
     m=$Q0; [ $f = q4_1 ] && m=$Q1
     [ $f = q4_1 ] && $B/mem_bandwidth --threads 2 --mib 1024 --passes 5 > "$O/bandwidth-$r-$f-before.json"
-    $B/bench_core "$m" --threads 2 --reps 5 --pp 512,2048 --depth 2048 > "$O/vigil-$f-$r.jsonl" 2>&1
+    $B/bench_core "$m" --threads 2 --reps 5 --pp 512,2048 --depth 2048 --floor > "$O/vigil-$f-$r.jsonl" 2>&1
     $B/mem_bandwidth --threads 2 --mib 1024 --passes 5 > "$O/bandwidth-$r-$f-after.json"
     $L/llama-bench -m "$m" -t 2 -p 512,2048 -n 128 -r 5 -fa 1 -o json > "$O/llama-$f-fa1-$r.json" 2> "$O/llama-$f-fa1-$r.err"
     for fa in 0 1; do

@@ -46,12 +46,12 @@ for r in $(seq 1 "$rounds"); do
     # The bandwidth just before and just after each Vigil run: its floor takes their mean (the
     # round's reading is the first run's "before").
     cp "$O/bandwidth-$r.json" "$O/bandwidth-$r-bf16-before.json"
-    "$B/bench_core" "$dir/hf" --threads "$threads" --reps "$reps" --pp 512 > "$O/vigil-bf16-$r.jsonl"
+    "$B/bench_core" "$dir/hf" --threads "$threads" --reps "$reps" --pp 512 --floor > "$O/vigil-bf16-$r.jsonl"
     "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-bf16-after.json"
     "$L/llama-bench" -m "$bf16_gguf" -t "$threads" -p 512 -n 128 -r "$reps" -fa 0,1 -o json \
         > "$O/llama-bf16-$r.json" 2> "$O/llama-bf16-$r.err"
     "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-q8_0-before.json"
-    "$B/bench_core" "$dir/hf" --threads "$threads" --reps "$reps" --pp 512 --quantize q8_0 \
+    "$B/bench_core" "$dir/hf" --threads "$threads" --reps "$reps" --pp 512 --quantize q8_0 --floor \
         > "$O/vigil-q8_0-$r.jsonl"
     "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-q8_0-after.json"
     "$L/llama-bench" -m "$q8_gguf" -t "$threads" -p 512 -n 128 -r "$reps" -fa 0,1 -o json \
@@ -92,8 +92,8 @@ import json, statistics, sys
 out = sys.argv[1]
 floors = [json.loads(l) for l in open(f"{out}/floors.jsonl")]
 print(open(f"{out}/cpu.txt").readline().strip(), "\n")
-print("| format | round | figure | Vigil median (min–max) | llama-bench mean ± sd (fa) | ratio | floor | Vigil at |")
-print("|---|---|---|---|---|---|---|---|")
+print("| format | round | figure | Vigil median (min–max) | llama-bench mean ± sd (fa) | ratio | floor | Vigil at | share of a read of its own bytes |")
+print("|---|---|---|---|---|---|---|---|---|")
 r = 1
 while True:
     try:
@@ -108,14 +108,19 @@ while True:
             mine = [x for x in runs if (x["n_prompt"], x["n_gen"]) == ((512, 0) if test == "pp512" else (0, 128))]
             best = max(mine, key=lambda x: x["avg_ts"])
             v = vigil[fmt][test]
-            floor = at = ""
+            floor = at = read = ""
             if test == "tg128":
                 f = next(f for f in floors if f["format"] == fmt and f["bandwidth_file"] == f"bandwidth-{r}.json")
                 floor = f"{f['floor_tok_s']} tok/s"
                 at = f"{100 * v['tokens_per_s_median'] / f['floor_tok_s']:.0f} %"
+                # bench_core --floor: decode alternated token by token with a read of its bytes.
+                fl = vigil[fmt].get("tg128-floor")
+                if fl:
+                    read = (f"{fl['floor_share_pct_median']:.0f} % ({fl['floor_share_pct_min']:.0f}–{fl['floor_share_pct_max']:.0f}; "
+                            f"read {fl['read_gb_s_median']:.1f} GB/s)")
             ratio = v["tokens_per_s_median"] / best["avg_ts"]
             print(f"| {fmt} | {r} | {test} | {v['tokens_per_s_median']:.1f} ({v['tokens_per_s_min']:.1f}–{v['tokens_per_s_max']:.1f}) "
                   f"| {best['avg_ts']:.1f} ± {best['stddev_ts']:.1f} (fa {best['flash_attn']}) "
-                  f"| {ratio:.2f}× ({v['tokens_per_s_median']:.1f} / {best['avg_ts']:.1f}) | {floor} | {at} |")
+                  f"| {ratio:.2f}× ({v['tokens_per_s_median']:.1f} / {best['avg_ts']:.1f}) | {floor} | {at} | {read} |")
     r += 1
 PY

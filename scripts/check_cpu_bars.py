@@ -7,7 +7,9 @@ in every round of the run, and whether it holds in all of them. Reads the raw re
 any of which may be left out. Prints a markdown table; a bar with no figure is listed as such.
 The same rules as the summaries: Vigil's median against llama-bench's mean (its better flash
 attention setting where both ran), floors from the read bandwidth measured beside Vigil's run
-(`summarize_decode_bench.round_bandwidth`). Stdlib only.
+(`summarize_decode_bench.round_bandwidth`). Where a run has bench_core --floor's figures, a
+second table gives each decode's share of a plain read of its own bytes, token by token (not
+counted among the bars). Stdlib only.
 
 Usage: scripts/check_cpu_bars.py [--core DIR] [--serving DIR] [--qwen3 DIR] [--q4_0 GGUF]"""
 import argparse, glob, importlib.util, json, os, sys
@@ -27,9 +29,16 @@ class Bars:
 
     def __init__(self):
         self.rows = []
+        self.reads = []
 
     def add(self, figure, bar, values, met):
         self.rows.append((figure, bar, values, met))
+
+    def add_read(self, figure, values):
+        """A decode's share of a plain read of its own bytes, token by token (bench_core
+        --floor), per round: reported beside the bars, not counted among them."""
+        if values:
+            self.reads.append((figure, values))
 
     def print(self):
         print("| figure | bar | each round | holds |")
@@ -46,6 +55,11 @@ class Bars:
             print(f"| {figure} | {bar} | {' · '.join(values) or '–'} | {holds} |")
         held = sum(1 for *_, met in self.rows if met and all(met))
         print(f"\n{held} of {len(self.rows)} bars hold in every round.")
+        if self.reads:
+            print("\n| decode tg128, share of a plain read of the bytes it reads, token by token | each round |")
+            print("|---|---|")
+            for figure, values in self.reads:
+                print(f"| {figure} | {' · '.join(values)} |")
 
 
 def rounds(d, pattern):
@@ -66,12 +80,16 @@ def core(bars, d, q4_0):
         f = name.lower()
         wbytes, kv = s.bytes_per_token(path)
         per = {k: ([], []) for k in ("pp512", "pp2048", "tg128", "tg128 floor", "depth floor")}
+        reads = []
         for r in rs:
             bw = s.round_bandwidth(d, r, f)
             vpath = os.path.join(d, f"vigil-{f}-{r}.jsonl")
             if not os.path.exists(vpath):
                 continue
             v = s.vigil(vpath)
+            share = s.read_share(vpath)
+            if share:
+                reads.append(f"{share[0]:.0f} % (read {share[3]:.1f} GB/s)")
             lb = s.llama(os.path.join(d, f"llama-{f}-fa1-{r}.json"))
             for test, bar in (("pp512", 2.0), ("pp2048", 2.0), ("tg128", 1.5)):
                 if test in v and test in lb:
@@ -91,10 +109,18 @@ def core(bars, d, q4_0):
         bars.add(f"SmolLM2 {name} tg128 vs llama-bench", "≥ 1.5×", *per["tg128"])
         bars.add(f"SmolLM2 {name} tg128, share of its weight-read floor", "≥ 90 %", *per["tg128 floor"])
         bars.add(f"SmolLM2 {name} decode after 2,048 tokens, share of its weights + KV floor", "≥ 75 %", *per["depth floor"])
+        bars.add_read(f"SmolLM2 {name}", reads)
 
 
 def qwen3(bars, d):
+    s = load_summarizer()
     for fmt, label in (("bf16", "BF16"), ("q8_0", "Q8_0")):
+        reads = []
+        for r in rounds(d, f"vigil-{fmt}-%d.jsonl"):
+            share = s.read_share(os.path.join(d, f"vigil-{fmt}-{r}.jsonl"))
+            if share:
+                reads.append(f"{share[0]:.0f} % (read {share[3]:.1f} GB/s)")
+        bars.add_read(f"Qwen3-0.6B shape {label}", reads)
         for test in ("pp512", "tg128"):
             values, met = [], []
             for r in rounds(d, f"vigil-{fmt}-%d.jsonl"):

@@ -5,7 +5,9 @@ and on), and the decode floors of the same round: weight bytes per token (the GG
 data, token_embd read once as the tied output head) and, after 2,048 tokens, the F16 KV read
 (layers x 2 x kv_dim x 2 bytes x the mean context of the 64 decoded tokens), divided by the
 read bandwidth measured beside Vigil's run of that file (the mean of the readings just before
-and just after it, `round_bandwidth`; older runs have one reading per round). Stdlib only.
+and just after it, `round_bandwidth`; older runs have one reading per round). Runs made with
+bench_core --floor also show tg128's share of a plain read of the bytes it reads, the two
+alternated token by token in one process (`read_share`). Stdlib only.
 
 Usage: scripts/summarize_decode_bench.py OUT_DIR [Q4_0_GGUF]"""
 import json, os, struct, sys
@@ -68,6 +70,17 @@ def vigil(path):
             j = json.loads(line); out[j["test"]] = (j["tokens_per_s_median"], j["tokens_per_s_min"], j["tokens_per_s_max"])
     return out
 
+def read_share(path):
+    """bench_core --floor's tg128-floor line: decode's share of a plain read of the bytes it
+    reads, alternated token by token (median, min, max %, and the read's median GB/s), or None."""
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("{"):
+            j = json.loads(line)
+            if j.get("test") == "tg128-floor":
+                return (j["floor_share_pct_median"], j["floor_share_pct_min"], j["floor_share_pct_max"], j["read_gb_s_median"])
+    return None
+
 def llama(path):
     out = {}
     try:
@@ -87,13 +100,14 @@ def main():
              "q4_1": ".cache/SmolLM2-135M-Instruct.Q4_1.gguf"}
     print(open(os.path.join(d, "cpu.txt")).readline().strip())
     print()
-    print("| file | round | figure | Vigil median (min–max) | llama.cpp mean ± sd | ratio | floor | Vigil at |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| file | round | figure | Vigil median (min–max) | llama.cpp mean ± sd | ratio | floor | Vigil at | share of a read of its own bytes |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for f, path in files.items():
         wbytes, kv = bytes_per_token(path)
         for r in (1, 2):
             bw = round_bandwidth(d, r, f)
             v = vigil(os.path.join(d, f"vigil-{f}-{r}.jsonl"))
+            share = read_share(os.path.join(d, f"vigil-{f}-{r}.jsonl"))
             l = llama(os.path.join(d, f"llama-{f}-fa1-{r}.json"))
             l0 = llama(os.path.join(d, f"llama-{f}-d2048-fa0-{r}.json"))
             l1 = llama(os.path.join(d, f"llama-{f}-d2048-fa1-{r}.json"))
@@ -112,7 +126,8 @@ def main():
                 ratio = f"{vm / lv[0]:.2f}× ({vm:.1f} / {lv[0]:.1f})" if lv else "–"
                 fl = f"{floor:.1f} tok/s ({bw / 1e9:.1f} GB/s)" if floor else ""
                 at = f"{100 * vm / floor:.0f} %" if floor else ""
-                print(f"| {f.upper()} | {r} | {name} | {vm:.1f} ({vmin:.1f}–{vmax:.1f}) | {ls} | {ratio} | {fl} | {at} |")
+                rs = f"{share[0]:.0f} % ({share[1]:.0f}–{share[2]:.0f}; read {share[3]:.1f} GB/s)" if share and name == "tg128" else ""
+                print(f"| {f.upper()} | {r} | {name} | {vm:.1f} ({vmin:.1f}–{vmax:.1f}) | {ls} | {ratio} | {fl} | {at} | {rs} |")
 
 if __name__ == "__main__":
     main()

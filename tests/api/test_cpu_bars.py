@@ -31,6 +31,20 @@ def bars(*args: str) -> dict[str, tuple[str, str]]:
     return rows
 
 
+def read_shares(*args: str) -> dict[str, str]:
+    """figure -> each round, from the table of decode's share of a read of its own bytes."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "check_cpu_bars.py"), *args],
+        check=True, capture_output=True, text=True, cwd=REPO,
+    ).stdout
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[1] not in ("each round", "---"):
+            rows[cells[0]] = cells[1]
+    return rows
+
+
 def test_zen3_runs_on_record():
     rows = bars("--serving", str(RESULTS / "serving-zen3-1204h"), "--qwen3", str(RESULTS / "qwen3-shape-zen3-1204"))
     assert rows["serving output tok/s at 8 streams vs llama-server -np 8"] == ("×2.90", "no")
@@ -67,10 +81,14 @@ def test_bar_edges(tmp_path: Path, readings: str):
         for when, gb_s in (("before", 0.5 * bw / 1e9), ("after", 1.5 * bw / 1e9)):
             (tmp_path / f"bandwidth-1-q4_0-{when}.json").write_text(json.dumps({"bandwidth_gb_s": gb_s}))
     figures = {"pp512": 2000.0, "pp2048": 995.0, "tg128": 0.9 * floor * 1.0001, "tg64@d2048": 0.74 * depth_floor}
+    # bench_core --floor's line: decode alternated with a read of its own bytes.
+    share = {"test": "tg128-floor", "tokens_per_s_median": 1.0, "tokens_per_s_min": 1.0, "tokens_per_s_max": 1.0,
+             "floor_share_pct_median": 87.4, "floor_share_pct_min": 86.0, "floor_share_pct_max": 88.0,
+             "read_gb_s_median": 31.25}
     (tmp_path / "vigil-q4_0-1.jsonl").write_text("".join(
         json.dumps({"test": t, "tokens_per_s_median": v, "tokens_per_s_min": v, "tokens_per_s_max": v}) + "\n"
         for t, v in figures.items()
-    ))
+    ) + json.dumps(share) + "\n")
     tg_peer = figures["tg128"] / 1.5001
     (tmp_path / "llama-q4_0-fa1-1.json").write_text(json.dumps(
         [llama_row(512, 0, 0, 1000.0), llama_row(2048, 0, 0, 500.0), llama_row(0, 128, 0, tg_peer)]
@@ -83,3 +101,5 @@ def test_bar_edges(tmp_path: Path, readings: str):
     assert rows["SmolLM2 Q4_0 tg128, share of its weight-read floor"] == ("90 %", "**yes**")
     assert rows["SmolLM2 Q4_0 decode after 2,048 tokens, share of its weights + KV floor"] == ("74 %", "no")
     assert rows["SmolLM2 Q4_1 pp512 vs llama-bench"] == ("–", "no figure")
+    # Reported beside the bars, not counted among them; Q4_1 has no run, so no row.
+    assert read_shares("--core", str(tmp_path), "--q4_0", str(Q4_1)) == {"SmolLM2 Q4_0": "87 % (read 31.2 GB/s)"}
