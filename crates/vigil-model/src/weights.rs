@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use vigil_kernels::cpu;
-use vigil_kernels::quant::interleave::{can_interleave, interleaved, interleaved_bytes};
+use vigil_kernels::quant::interleave::{can_interleave, interleaved_bytes};
 use vigil_kernels::storage::resident_copy;
 use vigil_kernels::{Layout, QMatrix, WeightData};
 
@@ -100,10 +100,12 @@ impl ModelWeights {
         all
     }
 
-    /// Moves every matrix still viewing the checkpoint's file mapping into one resident buffer
-    /// (`storage::resident_copy`), 64-byte aligned each; bytes viewed twice (a tied output)
-    /// are copied once. Matrices converted at load own their bytes already and stay where
-    /// they are, so nothing the model no longer reads is copied.
+    /// Moves every matrix into one resident buffer in huge pages (`storage::resident_copy`),
+    /// 64-byte aligned each; bytes viewed twice (a tied output) are copied once. Matrices
+    /// converted at load (`--quantize`, Q5_0 widened) move too, from their owned buffers in
+    /// 4 KiB pages: decode streams them every token like the rest (Qwen3-0.6B's Q8_0 read 29-30
+    /// GB/s from owned buffers where its BF16 read 33-35 from the copy). Only the matrices the
+    /// model reads are there: a checkpoint's bytes a conversion replaced are not copied.
     ///
     /// With SIMD kernels, the Q4_0 / Q4_1 / Q8_0 and float matrices the matmuls read are
     /// stored interleaved 8 rows at a time instead (`quant::interleave`): the same bytes in the
@@ -120,36 +122,23 @@ impl ModelWeights {
         let tied = key(&self.output) == embd;
         let mut mats = self.matrices_mut();
         let interleaves = |m: &QMatrix| interleave && can_interleave(m) && (key(m) != embd || tied);
-        // Converted matrices interleave in their own buffers (a tied pair once).
-        let mut converted: HashMap<(usize, usize), QMatrix> = HashMap::new();
-        for m in mats.iter_mut() {
-            if let (WeightData::Owned(_), true) = (&m.data, interleaves(m)) {
-                let source = key(m);
-                if let Some(x8) = converted.get(&source).cloned().or_else(|| interleaved(m)) {
-                    converted.insert(source, x8.clone());
-                    **m = x8;
-                }
-            }
-        }
         // Source (address, length) → offset in the copy; the bytes placed there: the source's,
         // or its interleaved form.
         let mut placed: HashMap<(usize, usize), usize> = HashMap::new();
         let mut spans: Vec<(usize, Cow<[u8]>)> = Vec::new();
         let mut len = 0;
         for m in &mats {
-            if let WeightData::Mapped { .. } = m.data {
-                if placed.contains_key(&key(m)) {
-                    continue;
-                }
-                let bytes = match interleaves(m).then(|| interleaved_bytes(m)).flatten() {
-                    Some(x8) => Cow::Owned(x8),
-                    None => Cow::Borrowed(m.data.bytes()),
-                };
-                placed.insert(key(m), len);
-                let n = bytes.len();
-                spans.push((len, bytes));
-                len = (len + n).next_multiple_of(64);
+            if placed.contains_key(&key(m)) {
+                continue;
             }
+            let bytes = match interleaves(m).then(|| interleaved_bytes(m)).flatten() {
+                Some(x8) => Cow::Owned(x8),
+                None => Cow::Borrowed(m.data.bytes()),
+            };
+            placed.insert(key(m), len);
+            let n = bytes.len();
+            spans.push((len, bytes));
+            len = (len + n).next_multiple_of(64);
         }
         if spans.is_empty() {
             return Ok(());
@@ -159,22 +148,21 @@ impl ModelWeights {
         drop(parts);
         drop(spans);
         for m in &mut mats {
-            if let WeightData::Mapped { .. } = m.data {
-                let offset = placed[&key(m)];
-                let x8 = interleaves(m);
-                let len = if x8 {
-                    m.rows.div_ceil(8) * 8 * m.row_bytes()
-                } else {
-                    m.data.bytes().len()
-                };
-                m.data = WeightData::Mapped {
-                    map: map.clone(),
-                    offset,
-                    len,
-                };
-                if x8 {
-                    m.layout = Layout::Interleaved8;
-                }
+            // Keyed by the bytes it viewed: the other view of a tied pair keeps them alive.
+            let offset = placed[&key(m)];
+            let x8 = interleaves(m);
+            let len = if x8 {
+                m.rows.div_ceil(8) * 8 * m.row_bytes()
+            } else {
+                m.data.bytes().len()
+            };
+            m.data = WeightData::Mapped {
+                map: map.clone(),
+                offset,
+                len,
+            };
+            if x8 {
+                m.layout = Layout::Interleaved8;
             }
         }
         Ok(())
