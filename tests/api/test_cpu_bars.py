@@ -17,32 +17,23 @@ RESULTS = REPO / "docs" / "results"
 Q4_1 = Path(os.environ.get("VIGIL_TEST_GGUF", REPO / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
-def bars(*args: str) -> dict[str, tuple[str, str]]:
-    """figure -> (each round, holds) from the script's table."""
+def tables(*args: str) -> list[list[str]]:
+    """The cells of every table row the script prints."""
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "check_cpu_bars.py"), *args],
         check=True, capture_output=True, text=True, cwd=REPO,
     ).stdout
-    rows = {}
-    for line in out.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0] not in ("figure", "---"):
-            rows[cells[0]] = (cells[2], cells[3])
-    return rows
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in out.splitlines() if line.startswith("|")]
+
+
+def bars(*args: str) -> dict[str, tuple[str, str]]:
+    """figure -> (each round, holds) from the script's table of bars."""
+    return {c[0]: (c[2], c[3]) for c in tables(*args) if len(c) == 4 and c[0] not in ("figure", "---")}
 
 
 def read_shares(*args: str) -> dict[str, str]:
     """figure -> each round, from the table of decode's share of a read of its own bytes."""
-    out = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "check_cpu_bars.py"), *args],
-        check=True, capture_output=True, text=True, cwd=REPO,
-    ).stdout
-    rows = {}
-    for line in out.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 2 and cells[1] not in ("each round", "---"):
-            rows[cells[0]] = cells[1]
-    return rows
+    return {c[0]: c[1] for c in tables(*args) if len(c) == 2 and c[1] not in ("each round", "---")}
 
 
 def test_zen3_runs_on_record():

@@ -227,27 +227,6 @@ pub unsafe fn matmul_rows<W: FloatW>(
     r1: usize,
     out: *mut f32,
 ) {
-    if w.x8 {
-        rows_on::<W, true>(w, rows, x, m, r0, r1, out)
-    } else {
-        rows_on::<W, false>(w, rows, x, m, r0, r1, out)
-    }
-}
-
-/// `matmul_rows` for one layout.
-///
-/// # Safety
-/// As `matmul_rows`, with `X8 == w.x8`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_on<W: FloatW, const X8: bool>(
-    w: FloatRows,
-    rows: usize,
-    x: &[f32],
-    m: usize,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
     let (cols, stride) = (w.cols, w.stride::<W>());
     let wrow = |j: usize| w.row::<W>(j.min(r1 - 1));
     let xrow = |i: usize| x.as_ptr().add(i * cols);
@@ -260,7 +239,11 @@ unsafe fn rows_on<W: FloatW, const X8: bool>(
                 let xp = [xrow(i0), xrow(i0 + 1), xrow(i0 + 2), xrow(i0 + 3)];
                 for jj in (j0..(j0 + 8).min(r1)).step_by(2) {
                     let wp = [wrow(jj), wrow(jj + 1)];
-                    let r = tile::<W, 4, 2, X8>(&wp, &xp, cols, stride, 0);
+                    let r = if w.x8 {
+                        tile::<W, 4, 2, true>(&wp, &xp, cols, stride, 0)
+                    } else {
+                        tile::<W, 4, 2, false>(&wp, &xp, cols, stride, 0)
+                    };
                     super::avx2::store(out, rows, &r, 4, i0, jj, r1);
                 }
             }
@@ -268,12 +251,18 @@ unsafe fn rows_on<W: FloatW, const X8: bool>(
             // Decode streams the weights once: fetch ahead meanwhile, as rows the next group
             // (8 rows on), interleaved a little way along the group's run (a prefetch past the
             // matrix is dropped, never faults).
-            let prefetch = if X8 { X8_PREFETCH } else { 8 * cols * W::BYTES } as isize;
+            let prefetch = if w.x8 {
+                X8_PREFETCH
+            } else {
+                8 * cols * W::BYTES
+            } as isize;
             for i0 in full..c1 {
-                let r = if X8 && W::BF16 {
-                    tile_bf16_x8(wp[0], xrow(i0), cols, prefetch)
-                } else {
-                    tile::<W, 1, 8, X8>(&wp, &[xrow(i0)], cols, stride, prefetch)
+                let r = match (w.x8, W::BF16) {
+                    (true, true) => tile_bf16_x8(wp[0], xrow(i0), cols, prefetch),
+                    (true, false) => {
+                        tile::<W, 1, 8, true>(&wp, &[xrow(i0)], cols, stride, prefetch)
+                    }
+                    _ => tile::<W, 1, 8, false>(&wp, &[xrow(i0)], cols, stride, prefetch),
                 };
                 super::avx2::store(out, rows, &r, 1, i0, j0, r1);
             }
