@@ -383,23 +383,16 @@ pub(super) fn rows_float(
                 DType::BF16 => scalar::dot_bf16,
                 _ => scalar::dot_f32,
             };
-            // Rows taken back out of their groups when interleaved (`quant::interleave`).
-            let row = |j: usize| -> std::borrow::Cow<[u8]> {
-                if x8 {
-                    let chunk = interleave::FLOAT_CHUNK * dtype.type_size();
-                    let (g, k) = (j / 8, j % 8);
-                    let group = &w[g * 8 * row_bytes..(g + 1) * 8 * row_bytes];
-                    let at = |s: usize| (s * 8 + k) * chunk;
-                    let bytes = (0..row_bytes / chunk).flat_map(|s| &group[at(s)..at(s) + chunk]);
-                    bytes.copied().collect::<Vec<u8>>().into()
+            let chunk = interleave::FLOAT_CHUNK * dtype.type_size();
+            for j in r0..r1 {
+                // A row taken back out of its group once when interleaved (`quant::interleave`).
+                let row: std::borrow::Cow<[u8]> = if x8 {
+                    interleave::float_row(w, j, row_bytes, chunk).into()
                 } else {
                     w[j * row_bytes..(j + 1) * row_bytes].into()
-                }
-            };
-            for i in 0..m {
-                let xr = &x[i * cols..(i + 1) * cols];
-                for j in r0..r1 {
-                    let v = dot(&row(j), xr);
+                };
+                for i in 0..m {
+                    let v = dot(&row, &x[i * cols..(i + 1) * cols]);
                     // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
                     unsafe { *out.0.add(i * rows + j) = v };
                 }

@@ -8,8 +8,9 @@
 //!   shuffling their nibbles (`avx2_q4_decode::tile_x8`), and prefill packing is a copy.
 //! - F32 / F16 / BF16 (columns a multiple of 8): 8 values of each of the 8 rows in turn, so
 //!   the 8-row decode tile (`avx2_float`), which takes a chunk of 8 values from every row a
-//!   step, reads one sequential run instead of 8 rows a row apart: on the Xeon measured, a
-//!   BF16 decode matmul read its weights ~20 % faster so (`examples/gemv_bandwidth.rs`).
+//!   step, reads one sequential run instead of 8 rows a row apart (`examples/gemv_bandwidth.rs`
+//!   on the Xeon measured: BF16 29.0 -> 30.0 GB/s), and BF16 takes two rows a load
+//!   (`avx2_float::tile_bf16_x8`: Qwen3-0.6B-shape decode 7-9 % faster again).
 //!
 //! Same bytes as the rows (the last group padded with zero rows), same values, same results
 //! bit for bit: only the order moves.
@@ -157,7 +158,7 @@ fn interleave_float(bytes: &[u8], rows: usize, row_bytes: usize, chunk: usize) -
 }
 
 /// Row `r` back out of `interleave_float`'s layout.
-fn float_row(bytes: &[u8], r: usize, row_bytes: usize, chunk: usize) -> Vec<u8> {
+pub(crate) fn float_row(bytes: &[u8], r: usize, row_bytes: usize, chunk: usize) -> Vec<u8> {
     let chunks = row_bytes / chunk;
     let (g, k) = (r / 8, r % 8);
     (0..chunks)
