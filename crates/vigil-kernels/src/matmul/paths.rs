@@ -418,10 +418,14 @@ pub(super) fn rows_float(
                     _ => gemm::<Avx2, F32>(w, rows, x, m, r0, r1, out.0),
                 };
             }
-            match dtype {
-                DType::F16 => matmul_rows::<F16>(w, rows, x, m, r0, r1, out.0),
-                DType::BF16 => matmul_rows::<BF16>(w, rows, x, m, r0, r1, out.0),
-                _ => matmul_rows::<F32>(w, rows, x, m, r0, r1, out.0),
+            // AVX-512 has a BF16 decode tile of its own (`avx512_float`).
+            match (path, dtype) {
+                (_, DType::F16) => matmul_rows::<F16, false>(w, rows, x, m, r0, r1, out.0),
+                (Isa::Avx512, DType::BF16) => {
+                    matmul_rows::<BF16, true>(w, rows, x, m, r0, r1, out.0)
+                }
+                (_, DType::BF16) => matmul_rows::<BF16, false>(w, rows, x, m, r0, r1, out.0),
+                _ => matmul_rows::<F32, false>(w, rows, x, m, r0, r1, out.0),
             }
         },
         #[cfg(not(target_arch = "x86_64"))]

@@ -183,15 +183,15 @@ unsafe fn tile<W: FloatW, const MR: usize, const NR: usize, const X8: bool>(
 /// # Safety
 /// AVX2+FMA; `g` addresses the group's `8 * cols` values, `x` `cols` floats, `cols % 8 == 0`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_bf16_x8(g: *const u8, x: *const f32, cols: usize, prefetch: isize) -> [f32; 8] {
+unsafe fn tile_bf16_x8(g: *const u8, x: *const f32, cols: usize) -> [f32; 8] {
     let zero = _mm256_setzero_si256();
     let mut lo = [_mm256_setzero_ps(); 4];
     let mut hi = [_mm256_setzero_ps(); 4];
     for s in 0..cols / 8 {
         // 8 rows × 8 values × 2 bytes: two lines a step.
         let at = g.add(s * 128);
-        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_offset(prefetch).cast());
-        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_offset(prefetch + 64).cast());
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(X8_PREFETCH).cast());
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(X8_PREFETCH + 64).cast());
         let xv = _mm256_loadu_si256(x.add(8 * s).cast());
         let xlo = _mm256_castsi256_ps(_mm256_permute4x64_epi64::<0x44>(xv));
         let xhi = _mm256_castsi256_ps(_mm256_permute4x64_epi64::<0xEE>(xv));
@@ -211,14 +211,15 @@ unsafe fn tile_bf16_x8(g: *const u8, x: *const f32, cols: usize, prefetch: isize
     r
 }
 
-/// `out[i * rows + j]` for all `m` activation rows and weight rows `j in r0..r1`.
+/// `out[i * rows + j]` for all `m` activation rows and weight rows `j in r0..r1`. `AVX512`: an
+/// interleaved BF16 group decodes on `avx512_float`'s tile (the same bits).
 ///
 /// # Safety
-/// AVX2+FMA+F16C; `w` holds `rows * cols` elements (interleaved: whole groups of 8 rows, and
+/// AVX2+FMA+F16C, and AVX-512 F/BW if `AVX512`; `w` holds `rows * cols` elements (interleaved: whole groups of 8 rows, and
 /// `r0` a multiple of 8); `x` holds `m * cols`; `out` addresses `m * rows` floats and no other
 /// thread writes columns `r0..r1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn matmul_rows<W: FloatW>(
+pub unsafe fn matmul_rows<W: FloatW, const AVX512: bool>(
     w: FloatRows,
     rows: usize,
     x: &[f32],
@@ -258,7 +259,10 @@ pub unsafe fn matmul_rows<W: FloatW>(
             } as isize;
             for i0 in full..c1 {
                 let r = match (w.x8, W::BF16) {
-                    (true, true) => tile_bf16_x8(wp[0], xrow(i0), cols, prefetch),
+                    (true, true) if AVX512 => {
+                        super::avx512_float::tile_bf16_x8(wp[0], xrow(i0), cols)
+                    }
+                    (true, true) => tile_bf16_x8(wp[0], xrow(i0), cols),
                     (true, false) => {
                         tile::<W, 1, 8, true>(&wp, &[xrow(i0)], cols, stride, prefetch)
                     }

@@ -44,6 +44,8 @@ pub mod avx2_q8_decode;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_bf16;
 #[cfg(target_arch = "x86_64")]
+pub mod avx512_float;
+#[cfg(target_arch = "x86_64")]
 pub mod avx512_float_gemm;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_gemm;
