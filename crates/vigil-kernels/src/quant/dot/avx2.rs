@@ -79,6 +79,8 @@ fn nibbles(qs: &[u8; 16]) -> __m256i {
 /// The integer dot steps the row tiles (and `avx2_k`) are written against: AVX2 here, the
 /// 256-bit VNNI encodings in `vnni`. Every implementation gives the same exact integers.
 pub trait IntDot {
+    /// A VNNI encoding (`vnni`): on the CPUs that have one, some tiles prefetch differently.
+    const VNNI: bool = false;
     /// `Σ_4 u8(u) · i8(s)` per i32 lane. Callers keep each i16 pair sum `u·s + u·s` within
     /// i16 (AVX2 saturates there; VNNI has no i16 stage).
     ///

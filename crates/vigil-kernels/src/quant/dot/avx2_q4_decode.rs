@@ -219,6 +219,12 @@ pub trait GroupTiles {
         i: usize,
         prefetch: isize,
     ) -> [__m256; G];
+    /// The `prefetch` a decode pass over two groups gives `tiles`, `next` bytes a group: by
+    /// default the two groups after them.
+    #[inline(always)]
+    fn prefetch<D: IntDot>(next: isize) -> isize {
+        2 * next
+    }
 }
 
 impl<F: Nibble32> GroupTiles for F {
@@ -258,7 +264,7 @@ pub unsafe fn rows_x8_with<D: IntDot, T: GroupTiles>(
     while j0 + 8 < r1 {
         let g = w.as_ptr().add(j0 / 8 * nb);
         for i in 0..acts.m {
-            let acc = T::tiles::<D, 2>(g, acts, i, if i == 0 { 2 * next } else { 0 });
+            let acc = T::tiles::<D, 2>(g, acts, i, if i == 0 { T::prefetch::<D>(next) } else { 0 });
             store8(out.add(i * rows + j0), acc[0], 8);
             store8(out.add(i * rows + j0 + 8), acc[1], (r1 - j0 - 8).min(8));
         }

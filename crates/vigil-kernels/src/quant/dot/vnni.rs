@@ -60,6 +60,7 @@ impl Vnni256 for Avx512Vl {
 }
 
 impl<V: Vnni256> IntDot for V {
+    const VNNI: bool = true;
     #[inline(always)]
     unsafe fn dot4(u: __m256i, s: __m256i) -> __m256i {
         V::dpbusd(_mm256_setzero_si256(), u, s)
