@@ -215,9 +215,9 @@ unsafe fn tile_bf16_x8(g: *const u8, x: *const f32, cols: usize) -> [f32; 8] {
 /// interleaved BF16 group decodes on `avx512_float`'s tile (the same bits).
 ///
 /// # Safety
-/// AVX2+FMA+F16C, and AVX-512 F/BW if `AVX512`; `w` holds `rows * cols` elements (interleaved: whole groups of 8 rows, and
-/// `r0` a multiple of 8); `x` holds `m * cols`; `out` addresses `m * rows` floats and no other
-/// thread writes columns `r0..r1`.
+/// AVX2+FMA+F16C, and AVX-512 F/BW if `AVX512`; `w` holds `rows * cols` elements
+/// (interleaved: whole groups of 8 rows, and `r0` a multiple of 8); `x` holds `m * cols`;
+/// `out` addresses `m * rows` floats and no other thread writes columns `r0..r1`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn matmul_rows<W: FloatW, const AVX512: bool>(
     w: FloatRows,

@@ -45,26 +45,15 @@ pub(super) unsafe fn tile_bf16_x8(g: *const u8, x: *const f32, cols: usize) -> [
     }
     let mut r = [0f32; 8];
     for p in 0..2 {
-        let (l, h) = (lo[p], hi[p]);
-        let lanes = [
-            (
-                _mm512_extractf32x4_ps::<0>(l),
-                _mm512_extractf32x4_ps::<0>(h),
-            ),
-            (
-                _mm512_extractf32x4_ps::<1>(l),
-                _mm512_extractf32x4_ps::<1>(h),
-            ),
-            (
-                _mm512_extractf32x4_ps::<2>(l),
-                _mm512_extractf32x4_ps::<2>(h),
-            ),
-            (
-                _mm512_extractf32x4_ps::<3>(l),
-                _mm512_extractf32x4_ps::<3>(h),
-            ),
-        ];
-        for (k, (a, b)) in lanes.into_iter().enumerate() {
+        let (mut l, mut h) = ([0f32; 16], [0f32; 16]);
+        _mm512_storeu_ps(l.as_mut_ptr(), lo[p]);
+        _mm512_storeu_ps(h.as_mut_ptr(), hi[p]);
+        for k in 0..4 {
+            // Row 4p + k: its lane's columns 0-3 then 4-7, the AVX2 tile's 8 lanes.
+            let (a, b) = (
+                _mm_loadu_ps(l[4 * k..].as_ptr()),
+                _mm_loadu_ps(h[4 * k..].as_ptr()),
+            );
             r[4 * p + k] = hsum8(_mm256_set_m128(b, a));
         }
     }
