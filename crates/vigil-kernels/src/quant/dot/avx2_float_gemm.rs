@@ -5,14 +5,14 @@
 //! row) pair one 8-lane FMA accumulator over the column chunks of 8 in order, `hsum8`'s tree,
 //! then the `cols % 8` tail in order. What changes is only where the operands come from:
 //!
-//! - A group of `NR` weight rows is widened to f32 once per block of `KC` columns into a
-//!   thread-local, 64-byte aligned buffer (the `NR` rows' chunk `s` side by side), so the
+//! - A group of `NR` weight rows is widened to f32 once per block of `Tiles::KC` columns into
+//!   a thread-local, 64-byte aligned buffer (the `NR` rows' chunk `s` side by side), so the
 //!   tile does plain aligned loads from L1 instead of converting every load (widening BF16 /
 //!   F16 to f32 is exact, so the products do not change).
 //! - A tile is `MR` activation rows × `NR` weight rows (AVX2: 3 × 4, 12 accumulators), so
 //!   each activation vector (streamed from L2) serves `NR` FMAs.
-//! - Columns are blocked by `KC` so the widened block stays in L1 and the chunk's activation
-//!   block in L2 even for wide rows. The accumulators are stored to a per-chunk buffer
+//! - Columns are blocked so the widened block stays in L1 and the chunk's activation block
+//!   in L2 even for wide rows. The accumulators are stored to a per-chunk buffer
 //!   between blocks and reloaded: the register value carried across is the same, so the
 //!   per-pair sequence of FMAs is unchanged. On a row's last block the tile sums its
 //!   accumulators with `hsum8`'s tree in registers and writes the results itself (storing
@@ -30,6 +30,9 @@ use std::cell::RefCell;
 pub(crate) trait Tiles {
     const MR: usize;
     const NR: usize;
+    /// Columns per block (a multiple of 8): the `NR` widened rows of a block take
+    /// `NR * KC * 4` bytes of L1 (16 KiB for both tiles here).
+    const KC: usize;
     /// Run `steps` chunks of a packed tile of `r` (1..=MR) activation rows against the widened
     /// weight block. The accumulators start at zero on the `first` block, else from
     /// `acc[i * NR + j]`; they are stored back there, or, on the last block when `out` is not
@@ -73,6 +76,11 @@ pub(crate) struct Avx2;
 impl Tiles for Avx2 {
     const MR: usize = 3;
     const NR: usize = 4;
+    /// A Qwen3-0.6B row (1,024 columns) in one block, so its tiles never carry accumulators
+    /// through memory: BF16 at m = 512 on 2 threads 179-185 GFLOP/s at 512 columns, 182-188
+    /// at 768, 194 at 1,024 (`matmul_bench 512 2 10 bf16x8`, Emerald Rapids held to AVX2).
+    /// The block is 16 KiB, half of a Zen 3 L1.
+    const KC: usize = 1024;
     #[inline]
     unsafe fn tile(
         r: usize,
@@ -92,9 +100,6 @@ impl Tiles for Avx2 {
     }
 }
 
-/// Columns per block (a multiple of 8): the `NR` widened rows of a block take `NR` × 2 KiB of
-/// L1.
-const KC: usize = 512;
 /// The largest `MR` and `NR` of any tiles.
 const MAX_MR: usize = 8;
 const MAX_NR: usize = 16;
@@ -284,7 +289,8 @@ unsafe fn run<T: Tiles, W: FloatW>(
     let chunk = m.div_ceil(m.div_ceil(budget)).next_multiple_of(mr);
     let tiles_max = chunk / mr;
     let px = grow(&mut bufs.x, tiles_max * nsteps * mr);
-    let pw = grow(&mut bufs.w, KC / 8 * nr);
+    let kc = T::KC;
+    let pw = grow(&mut bufs.w, kc / 8 * nr);
     let acc = grow(&mut bufs.acc, tiles_max * mr * nr);
     let xrow = |i: usize| x.as_ptr().add(i * cols);
     for c0 in (0..m).step_by(chunk) {
@@ -315,13 +321,13 @@ unsafe fn run<T: Tiles, W: FloatW>(
             if n8 == 0 {
                 std::slice::from_raw_parts_mut(acc, tiles * mr * nr).fill(V8([0.0; 8]));
             }
-            for k0 in (0..n8).step_by(KC) {
-                let steps = KC.min(n8 - k0) / 8;
+            for k0 in (0..n8).step_by(kc) {
+                let steps = kc.min(n8 - k0) / 8;
                 pack_w::<W>(&wp[..nr], stride, k0, steps, pw);
                 // The weights packed next: this block's continuation, or the next group's
                 // first block. Fetch them while the tiles run, a share per tile.
-                let (nj, nk) = if k0 + KC < n8 {
-                    (j0, k0 + KC)
+                let (nj, nk) = if k0 + kc < n8 {
+                    (j0, k0 + kc)
                 } else {
                     (j0 + nr, 0)
                 };
@@ -329,9 +335,9 @@ unsafe fn run<T: Tiles, W: FloatW>(
                 // groups of 8 rows the `nr` rows are in (the whole group: the other rows'
                 // chunks share its lines, and the group's next `nr` rows are packed soon).
                 let (runs, run_bytes) = if w.x8 {
-                    (nr.div_ceil(8), KC.min(n8 - nk) / 8 * stride)
+                    (nr.div_ceil(8), kc.min(n8 - nk) / 8 * stride)
                 } else {
-                    (nr, KC.min(n8 - nk) * W::BYTES)
+                    (nr, kc.min(n8 - nk) * W::BYTES)
                 };
                 let lines = if nj < r1 { run_bytes / 64 } else { 0 };
                 for (j, p) in next[..runs].iter_mut().enumerate() {
@@ -352,7 +358,7 @@ unsafe fn run<T: Tiles, W: FloatW>(
                     }
                     let r = if t + 1 < tiles { mr } else { rest };
                     let (xt, at) = (px.add(t * nsteps * mr + k0 / 8 * r), acc.add(t * mr * nr));
-                    let dst = if direct && k0 + KC >= n8 {
+                    let dst = if direct && k0 + kc >= n8 {
                         out.add((c0 + t * mr) * rows + j0)
                     } else {
                         std::ptr::null_mut()

@@ -34,6 +34,8 @@ pub(crate) struct Avx512;
 impl Tiles for Avx512 {
     const MR: usize = 6;
     const NR: usize = 2 * NP;
+    /// 1,024 columns measured no faster here, and slower at 3,072 (a 32 KiB block).
+    const KC: usize = 512;
     #[inline]
     unsafe fn tile(
         r: usize,
