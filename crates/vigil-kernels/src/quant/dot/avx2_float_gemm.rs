@@ -315,9 +315,10 @@ unsafe fn run<T: Tiles, W: FloatW>(
             for (j, p) in wp[..nr].iter_mut().enumerate() {
                 *p = w.row::<W>((j0 + j).min(r1 - 1));
             }
-            // Whole groups of a row wide multiple of 8 go from the last block's registers
-            // straight to `out`; the others through `acc` and the loop below.
-            let direct = n8 == cols && j0 + nr <= r1;
+            // Rows of whole 8-column chunks, in a group all of whose `nr` weight rows are this
+            // call's, go from the last block's registers straight to `out`; the others
+            // through `acc` and the loop below.
+            let direct = n8 > 0 && n8 == cols && j0 + nr <= r1;
             if n8 == 0 {
                 std::slice::from_raw_parts_mut(acc, tiles * mr * nr).fill(V8([0.0; 8]));
             }

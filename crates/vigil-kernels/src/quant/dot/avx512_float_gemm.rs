@@ -15,8 +15,8 @@
 //! exactly `hsum8`'s (high half onto low half, lanes 2, 3 onto 0, 1, lane 1 onto lane 0), and
 //! writes the results: storing 24 accumulators for the driver to reload and sum 4 at a time
 //! held BF16 at 512 rows to 269-274 GFLOP/s on 2 threads of an Emerald Rapids Xeon, against
-//! 290-292 this way (`matmul_bench 512 2 10 bf16x8`; the 512-bit FMA peak is 425,
-//! `examples/fma_peak.rs`).
+//! 290-292 this way (`matmul_bench 512 2 10 bf16x8`; the 512-bit FMA peak is 425-465 as
+//! the host's clock moves, `examples/fma_peak.rs`).
 
 // Index loops mirror the buffer layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
