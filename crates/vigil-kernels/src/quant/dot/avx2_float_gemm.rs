@@ -33,38 +33,42 @@ pub(crate) trait Tiles {
     /// Columns per block (a multiple of 8): the `NR` widened rows of a block take
     /// `NR * KC * 4` bytes of L1 (16 KiB for both tiles here).
     const KC: usize;
-    /// Run `steps` chunks of a packed tile of `r` (1..=MR) activation rows against the widened
-    /// weight block. The accumulators start at zero on the `first` block, else from
-    /// `acc[i * NR + j]`; they are stored back there, or, on the last block when `out` is not
-    /// null, summed with `hsum8`'s tree in registers and written as row `i`'s `NR` results at
-    /// `out + i * ld`.
+    /// Run one tile of `r` (1..=MR) activation rows: see `TileCall`.
     ///
     /// # Safety
-    /// The kernel's ISA; `px` holds `steps * r` vectors, `pw` `steps * NR` (64-byte aligned);
-    /// `acc` `MR * NR` (64-byte aligned); a non-null `out` addresses `NR` floats at each of
-    /// `out + i * ld`, `i < r`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tile(
-        r: usize,
-        px: *const V8,
-        pw: *const V8,
-        steps: usize,
-        acc: *mut V8,
-        first: bool,
-        out: *mut f32,
-        ld: usize,
-    );
+    /// The kernel's ISA; `c` as `TileCall` says.
+    unsafe fn tile(r: usize, c: &TileCall);
+}
+
+/// One tile's run: `steps` chunks of a packed tile of activation rows against the widened
+/// weight block. The accumulators start at zero on the `first` block, else from
+/// `acc[i * NR + j]`; they are stored back there, or, on the last block when `out` is not
+/// null, summed with `hsum8`'s tree in registers and written as row `i`'s `NR` results at
+/// `out + i * ld`.
+///
+/// The pointers are valid for what the tile reads and writes: `px` holds `steps * r` vectors,
+/// `pw` `steps * NR` (64-byte aligned), `acc` `MR * NR` (64-byte aligned), and a non-null
+/// `out` addresses `NR` floats at each of `out + i * ld`, `i < r`.
+#[derive(Clone, Copy)]
+pub(crate) struct TileCall {
+    pub px: *const V8,
+    pub pw: *const V8,
+    pub steps: usize,
+    pub acc: *mut V8,
+    pub first: bool,
+    pub out: *mut f32,
+    pub ld: usize,
 }
 
 /// `T::tile`'s `(first, out)` cases as const parameters, for a tile function generic over
-/// `R` rows, `FIRST` and `OUT`.
+/// `R` rows, `FIRST` and `OUT` that takes the `TileCall`.
 macro_rules! tile_cases {
-    ($f:ident, $r:literal, $px:expr, $pw:expr, $steps:expr, $acc:expr, $first:expr, $out:expr, $ld:expr) => {
-        match ($first, !$out.is_null()) {
-            (true, true) => $f::<$r, true, true>($px, $pw, $steps, $acc, $out, $ld),
-            (true, false) => $f::<$r, true, false>($px, $pw, $steps, $acc, $out, $ld),
-            (false, true) => $f::<$r, false, true>($px, $pw, $steps, $acc, $out, $ld),
-            (false, false) => $f::<$r, false, false>($px, $pw, $steps, $acc, $out, $ld),
+    ($f:ident, $r:literal, $c:expr) => {
+        match ($c.first, !$c.out.is_null()) {
+            (true, true) => $f::<$r, true, true>($c),
+            (true, false) => $f::<$r, true, false>($c),
+            (false, true) => $f::<$r, false, true>($c),
+            (false, false) => $f::<$r, false, false>($c),
         }
     };
 }
@@ -82,20 +86,11 @@ impl Tiles for Avx2 {
     /// The block is 16 KiB, half of a Zen 3 L1.
     const KC: usize = 1024;
     #[inline]
-    unsafe fn tile(
-        r: usize,
-        px: *const V8,
-        pw: *const V8,
-        steps: usize,
-        acc: *mut V8,
-        first: bool,
-        out: *mut f32,
-        ld: usize,
-    ) {
+    unsafe fn tile(r: usize, c: &TileCall) {
         match r {
-            1 => tile_cases!(tile, 1, px, pw, steps, acc, first, out, ld),
-            2 => tile_cases!(tile, 2, px, pw, steps, acc, first, out, ld),
-            _ => tile_cases!(tile, 3, px, pw, steps, acc, first, out, ld),
+            1 => tile_cases!(tile, 1, c),
+            2 => tile_cases!(tile, 2, c),
+            _ => tile_cases!(tile, 3, c),
         }
     }
 }
@@ -171,15 +166,17 @@ unsafe fn pack_x(x: &[*const f32], steps: usize, out: *mut V8) {
 /// AVX2+FMA; see `Tiles::tile`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<const MR: usize, const FIRST: bool, const OUT: bool>(
-    px: *const V8,
-    pw: *const V8,
-    steps: usize,
-    acc: *mut V8,
-    out: *mut f32,
-    ld: usize,
-) {
+unsafe fn tile<const MR: usize, const FIRST: bool, const OUT: bool>(c: &TileCall) {
     const NR: usize = 4;
+    let TileCall {
+        px,
+        pw,
+        steps,
+        acc,
+        out,
+        ld,
+        ..
+    } = *c;
     let mut a = [[_mm256_setzero_ps(); NR]; MR];
     if !FIRST {
         for i in 0..MR {
@@ -364,7 +361,16 @@ unsafe fn run<T: Tiles, W: FloatW>(
                     } else {
                         std::ptr::null_mut()
                     };
-                    T::tile(r, xt, pw, steps, at, k0 == 0, dst, rows);
+                    let call = TileCall {
+                        px: xt,
+                        pw,
+                        steps,
+                        acc: at,
+                        first: k0 == 0,
+                        out: dst,
+                        ld: rows,
+                    };
+                    T::tile(r, &call);
                 }
             }
             if direct {

@@ -21,7 +21,7 @@
 // Index loops mirror the buffer layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_float_gemm::{tile_cases, Tiles, V8};
+use super::avx2_float_gemm::{tile_cases, TileCall, Tiles};
 use crate::unroll::unrolled4;
 use std::arch::x86_64::*;
 
@@ -37,23 +37,14 @@ impl Tiles for Avx512 {
     /// 1,024 columns measured no faster here, and slower at 3,072 (a 32 KiB block).
     const KC: usize = 512;
     #[inline]
-    unsafe fn tile(
-        r: usize,
-        px: *const V8,
-        pw: *const V8,
-        steps: usize,
-        acc: *mut V8,
-        first: bool,
-        out: *mut f32,
-        ld: usize,
-    ) {
+    unsafe fn tile(r: usize, c: &TileCall) {
         match r {
-            1 => tile_cases!(tile, 1, px, pw, steps, acc, first, out, ld),
-            2 => tile_cases!(tile, 2, px, pw, steps, acc, first, out, ld),
-            3 => tile_cases!(tile, 3, px, pw, steps, acc, first, out, ld),
-            4 => tile_cases!(tile, 4, px, pw, steps, acc, first, out, ld),
-            5 => tile_cases!(tile, 5, px, pw, steps, acc, first, out, ld),
-            _ => tile_cases!(tile, 6, px, pw, steps, acc, first, out, ld),
+            1 => tile_cases!(tile, 1, c),
+            2 => tile_cases!(tile, 2, c),
+            3 => tile_cases!(tile, 3, c),
+            4 => tile_cases!(tile, 4, c),
+            5 => tile_cases!(tile, 5, c),
+            _ => tile_cases!(tile, 6, c),
         }
     }
 }
@@ -65,14 +56,16 @@ impl Tiles for Avx512 {
 /// AVX-512F; see `Tiles::tile`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<const MR: usize, const FIRST: bool, const OUT: bool>(
-    px: *const V8,
-    pw: *const V8,
-    steps: usize,
-    acc: *mut V8,
-    out: *mut f32,
-    ld: usize,
-) {
+unsafe fn tile<const MR: usize, const FIRST: bool, const OUT: bool>(c: &TileCall) {
+    let TileCall {
+        px,
+        pw,
+        steps,
+        acc,
+        out,
+        ld,
+        ..
+    } = *c;
     let mut a = [[_mm512_setzero_ps(); NP]; MR];
     if !FIRST {
         for i in 0..MR {
