@@ -168,15 +168,7 @@ unsafe fn pack_x(x: &[*const f32], steps: usize, out: *mut V8) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const MR: usize, const FIRST: bool, const OUT: bool>(c: &TileCall) {
     const NR: usize = 4;
-    let TileCall {
-        px,
-        pw,
-        steps,
-        acc,
-        out,
-        ld,
-        ..
-    } = *c;
+    let (px, pw, steps, acc, out, ld) = (c.px, c.pw, c.steps, c.acc, c.out, c.ld);
     let mut a = [[_mm256_setzero_ps(); NR]; MR];
     if !FIRST {
         for i in 0..MR {

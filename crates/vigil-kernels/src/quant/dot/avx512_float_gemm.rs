@@ -57,15 +57,7 @@ impl Tiles for Avx512 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tile<const MR: usize, const FIRST: bool, const OUT: bool>(c: &TileCall) {
-    let TileCall {
-        px,
-        pw,
-        steps,
-        acc,
-        out,
-        ld,
-        ..
-    } = *c;
+    let (px, pw, steps, acc, out, ld) = (c.px, c.pw, c.steps, c.acc, c.out, c.ld);
     let mut a = [[_mm512_setzero_ps(); NP]; MR];
     if !FIRST {
         for i in 0..MR {
