@@ -49,7 +49,6 @@ pub(crate) trait Tiles {
 /// The pointers are valid for what the tile reads and writes: `px` holds `steps * r` vectors,
 /// `pw` `steps * NR` (64-byte aligned), `acc` `MR * NR` (64-byte aligned), and a non-null
 /// `out` addresses `NR` floats at each of `out + i * ld`, `i < r`.
-#[derive(Clone, Copy)]
 pub(crate) struct TileCall {
     pub px: *const V8,
     pub pw: *const V8,
@@ -282,6 +281,8 @@ unsafe fn run<T: Tiles, W: FloatW>(
     let pw = grow(&mut bufs.w, kc / 8 * nr);
     let acc = grow(&mut bufs.acc, tiles_max * mr * nr);
     let xrow = |i: usize| x.as_ptr().add(i * cols);
+    // Rows of whole 8-column chunks can go from the last block's registers straight to `out`.
+    let whole = n8 > 0 && n8 == cols;
     for c0 in (0..m).step_by(chunk) {
         let c1 = (c0 + chunk).min(m);
         let tiles = (c1 - c0).div_ceil(mr);
@@ -304,10 +305,9 @@ unsafe fn run<T: Tiles, W: FloatW>(
             for (j, p) in wp[..nr].iter_mut().enumerate() {
                 *p = w.row::<W>((j0 + j).min(r1 - 1));
             }
-            // Rows of whole 8-column chunks, in a group all of whose `nr` weight rows are this
-            // call's, go from the last block's registers straight to `out`; the others
-            // through `acc` and the loop below.
-            let direct = n8 > 0 && n8 == cols && j0 + nr <= r1;
+            // So they do in a group all of whose `nr` weight rows are this call's; the others
+            // go through `acc` and the loop below.
+            let direct = whole && j0 + nr <= r1;
             if n8 == 0 {
                 std::slice::from_raw_parts_mut(acc, tiles * mr * nr).fill(V8([0.0; 8]));
             }
