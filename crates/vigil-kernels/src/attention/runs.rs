@@ -145,6 +145,29 @@ mod tests {
         }
     }
 
+    /// The vector runs take the exact max (whichever lane and chain holds it) and give the
+    /// scalar run's powers and sum to rounding, at lengths around their 8-, 16-, 32- and
+    /// 64-element steps.
+    #[test]
+    fn exp_run_takes_the_exact_max() {
+        for n in (1..140).chain([255, 256, 257, 263, 512]) {
+            for peak in [0, n / 3, n - 1] {
+                let mut x: Vec<f32> = (0..n)
+                    .map(|i| ((i * 7919 % 1009) as f32 - 900.0) * 0.011)
+                    .collect();
+                x[peak] = 7.25;
+                let mut want = x.clone();
+                let (m0, l0) = exp_run_scalar(&mut want);
+                let (m, l) = exp_run_dispatched(&mut x);
+                assert_eq!(m.to_bits(), m0.to_bits(), "max, n = {n}, peak at {peak}");
+                assert!((l - l0).abs() <= 1e-5 * l0, "sum, n = {n}: {l} vs {l0}");
+                for (a, b) in x.iter().zip(&want) {
+                    assert!((a - b).abs() <= 1e-6, "n = {n}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn merged_runs_equal_one_softmax() {
         // Two runs merged give the softmax-weighted sum over all keys (to rounding); the

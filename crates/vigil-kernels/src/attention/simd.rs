@@ -15,6 +15,15 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The largest lane of `v` (none NaN: a query's scores).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hmax(v: __m256) -> f32 {
+    let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
 /// One FMA per element in order from 0: a lane of `scores_t`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
@@ -84,14 +93,24 @@ pub unsafe fn exp_run(x: &mut [f32]) -> (f32, f32) {
     }
     let full = n / 8 * 8;
     let p = x.as_mut_ptr();
-    let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
-    for i in (0..full).step_by(8) {
-        mv = _mm256_max_ps(mv, _mm256_loadu_ps(p.add(i)));
+    // Four chains, and the lanes reduced in registers: one `max` waiting on the last and a
+    // scalar NaN-checking max over the stored lanes were half of this function's samples,
+    // which were 16 % of a 2,048-token prefill's attention (`attention_bench 2048 1 4` held to
+    // AVX2: 77-78 ms a layer before, 72-74 after; Emerald Rapids). A max is exact, so the
+    // order changes nothing.
+    let mut mv = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
+    let full32 = n / 32 * 32;
+    for i in (0..full32).step_by(32) {
+        for (j, m) in mv.iter_mut().enumerate() {
+            *m = _mm256_max_ps(*m, _mm256_loadu_ps(p.add(i + 8 * j)));
+        }
     }
-    let mut m = f32::NEG_INFINITY;
-    let mut lanes = [0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
-    for &v in lanes.iter().chain(&x[full..]) {
+    for i in (full32..full).step_by(8) {
+        mv[0] = _mm256_max_ps(mv[0], _mm256_loadu_ps(p.add(i)));
+    }
+    let mv = _mm256_max_ps(_mm256_max_ps(mv[0], mv[1]), _mm256_max_ps(mv[2], mv[3]));
+    let mut m = hmax(mv);
+    for &v in &x[full..] {
         m = m.max(v);
     }
     (m, hsum(exp_tail(x, 0, m, _mm256_setzero_ps())))
@@ -142,10 +161,18 @@ pub unsafe fn exp_run16(x: &mut [f32]) -> (f32, f32) {
     }
     let full16 = n / 16 * 16;
     let p = x.as_mut_ptr();
-    let mut mv = _mm512_set1_ps(f32::NEG_INFINITY);
-    for i in (0..full16).step_by(16) {
-        mv = _mm512_max_ps(mv, _mm512_loadu_ps(p.add(i)));
+    // Four chains, as `exp_run`.
+    let mut mv = [_mm512_set1_ps(f32::NEG_INFINITY); 4];
+    let full64 = n / 64 * 64;
+    for i in (0..full64).step_by(64) {
+        for (j, m) in mv.iter_mut().enumerate() {
+            *m = _mm512_max_ps(*m, _mm512_loadu_ps(p.add(i + 16 * j)));
+        }
     }
+    for i in (full64..full16).step_by(16) {
+        mv[0] = _mm512_max_ps(mv[0], _mm512_loadu_ps(p.add(i)));
+    }
+    let mv = _mm512_max_ps(_mm512_max_ps(mv[0], mv[1]), _mm512_max_ps(mv[2], mv[3]));
     let mut m = _mm512_reduce_max_ps(mv);
     for &v in &x[full16..] {
         m = m.max(v);
@@ -431,8 +458,8 @@ unsafe fn weighted_sums_slice16<E: Load8, const NQ: usize, const C: usize>(
         std::array::from_fn(|i| std::array::from_fn(|c| _mm512_loadu_ps(out[i].add(s + 16 * c))));
     let common = n[..NQ].iter().copied().min().unwrap_or(0);
     let v = v.add(s);
-    for j in 0..common {
-        if j + VALUE_PREFETCH < common {
+    let key = |acc: &mut [[__m512; C]; NQ], j: usize, prefetch: bool| {
+        if prefetch {
             let ahead = v.add(*rows.add(j + VALUE_PREFETCH)).cast::<u8>();
             for line in (0..16 * C * size_of::<E>()).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
@@ -446,6 +473,17 @@ unsafe fn weighted_sums_slice16<E: Load8, const NQ: usize, const C: usize>(
                 acc[i][c] = _mm512_fmadd_ps(wv, y[c], acc[i][c]);
             }
         }
+    };
+    // As `weighted_sums_slice`.
+    let ahead = common.saturating_sub(VALUE_PREFETCH);
+    let mut j = 0;
+    while j + 2 <= ahead {
+        key(&mut acc, j, true);
+        key(&mut acc, j + 1, true);
+        j += 2;
+    }
+    for j in j..common {
+        key(&mut acc, j, j < ahead);
     }
     for i in 0..NQ {
         for j in common..n[i] {
@@ -478,8 +516,8 @@ unsafe fn weighted_sums_slice<E: Load8, const NQ: usize, const C: usize>(
         std::array::from_fn(|i| std::array::from_fn(|c| _mm256_loadu_ps(out[i].add(s + 8 * c))));
     let common = n[..NQ].iter().copied().min().unwrap_or(0);
     let v = v.add(s);
-    for j in 0..common {
-        if j + VALUE_PREFETCH < common {
+    let key = |acc: &mut [[__m256; C]; NQ], j: usize, prefetch: bool| {
+        if prefetch {
             // A KV head's values are one piece a block, the next block's elsewhere (as its
             // keys, `scores_t`): the hardware prefetcher barely ramps up within a piece.
             let ahead = v.add(*rows.add(j + VALUE_PREFETCH)).cast::<u8>();
@@ -495,6 +533,19 @@ unsafe fn weighted_sums_slice<E: Load8, const NQ: usize, const C: usize>(
                 acc[i][c] = _mm256_fmadd_ps(wv, y[c], acc[i][c]);
             }
         }
+    };
+    // Two keys a loop iteration while there are rows to prefetch, then the last ones: the
+    // loop's own instructions were a third of the 12 FMAs' (2-4 % less attention time in
+    // `attention_bench 2048 1 4`, AVX2 and AVX-512 alike).
+    let ahead = common.saturating_sub(VALUE_PREFETCH);
+    let mut j = 0;
+    while j + 2 <= ahead {
+        key(&mut acc, j, true);
+        key(&mut acc, j + 1, true);
+        j += 2;
+    }
+    for j in j..common {
+        key(&mut acc, j, j < ahead);
     }
     for i in 0..NQ {
         for j in common..n[i] {
