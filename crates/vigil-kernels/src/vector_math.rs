@@ -11,6 +11,9 @@ mod cephes {
     /// The lane operations `exp` takes. Implementations are `#[inline(always)]`, so they are
     /// compiled with the features of the entry point that inlines them.
     pub trait Lanes: Copy {
+        /// Floats a vector holds.
+        const N: usize;
+        unsafe fn load(p: *const f32) -> Self;
         unsafe fn splat(v: f32) -> Self;
         unsafe fn min(self, b: Self) -> Self;
         unsafe fn max(self, b: Self) -> Self;
@@ -33,6 +36,11 @@ mod cephes {
     }
 
     impl Lanes for __m256 {
+        const N: usize = 8;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            _mm256_loadu_ps(p)
+        }
         #[inline(always)]
         unsafe fn splat(v: f32) -> Self {
             _mm256_set1_ps(v)
@@ -90,6 +98,11 @@ mod cephes {
     }
 
     impl Lanes for __m512 {
+        const N: usize = 16;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            _mm512_loadu_ps(p)
+        }
         #[inline(always)]
         unsafe fn splat(v: f32) -> Self {
             _mm512_set1_ps(v)
@@ -203,6 +216,30 @@ mod cephes {
         y.add_exponent(n)
     }
 
+    /// The lane-wise max over `x`'s whole vectors (`x.len() / L::N` of them; `-inf` for none),
+    /// in four chains: one `max` waiting on the one before it was a quarter of attention's
+    /// `exp_run`. A max is exact, so the order changes no bit. (Not a Cephes function: it
+    /// shares the lane operations.)
+    ///
+    /// # Safety
+    /// As `exp`.
+    #[inline(always)]
+    pub unsafe fn max_lanes<L: Lanes>(x: &[f32]) -> L {
+        let (w, p) = (L::N, x.as_ptr());
+        let full = x.len() / w * w;
+        let full4 = x.len() / (4 * w) * (4 * w);
+        let mut m = [L::splat(f32::NEG_INFINITY); 4];
+        for i in (0..full4).step_by(4 * w) {
+            for (j, m) in m.iter_mut().enumerate() {
+                *m = m.max(L::load(p.add(i + w * j)));
+            }
+        }
+        for i in (full4..full).step_by(w) {
+            m[0] = m[0].max(L::load(p.add(i)));
+        }
+        m[0].max(m[1]).max(m[2].max(m[3]))
+    }
+
     /// SwiGLU per lane: `g / (1 + e^-g) * u`.
     ///
     /// # Safety
@@ -224,6 +261,14 @@ pub(crate) mod avx512 {
     pub fn exp2_16(x: __m512) -> __m512 {
         // SAFETY: AVX-512 F enabled here.
         unsafe { super::cephes::exp2(x) }
+    }
+
+    /// `cephes::max_lanes` in 16 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub fn max_lanes16(x: &[f32]) -> __m512 {
+        // SAFETY: AVX-512 F enabled here; the loads stay within `x`.
+        unsafe { super::cephes::max_lanes(x) }
     }
 
     /// `avx2::silu_mul` 16 lanes at a time: each element the same operations (`cephes`), so
@@ -251,6 +296,24 @@ pub(crate) mod avx512 {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
+
+    /// `cephes::max_lanes` in 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn max_lanes8(x: &[f32]) -> __m256 {
+        // SAFETY: AVX2 enabled here; the loads stay within `x`.
+        unsafe { super::cephes::max_lanes(x) }
+    }
+
+    /// The largest of `v`'s 8 lanes (none NaN).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn hmax8(v: __m256) -> f32 {
+        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        _mm_cvtss_f32(m)
+    }
 
     /// `e^x` in 8 lanes (`cephes::exp`: Cephes `expf`), within 2 ulp of the exact value over
     /// the softmax range (x <= 0).

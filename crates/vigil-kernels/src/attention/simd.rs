@@ -3,7 +3,7 @@
 
 // Index loops mirror the register tiles.
 #![allow(clippy::needless_range_loop)]
-use crate::vector_math::avx2::exp2_8;
+use crate::vector_math::avx2::{exp2_8, hmax8, max_lanes8};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -12,15 +12,6 @@ fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
-
-/// The largest lane of `v` (none NaN: a query's scores).
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hmax(v: __m256) -> f32 {
-    let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_max_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
 }
 
@@ -92,24 +83,12 @@ pub unsafe fn exp_run(x: &mut [f32]) -> (f32, f32) {
         return (f32::NEG_INFINITY, 0.0);
     }
     let full = n / 8 * 8;
-    let p = x.as_mut_ptr();
-    // Four chains, and the lanes reduced in registers: one `max` waiting on the last and a
-    // scalar NaN-checking max over the stored lanes were half of this function's samples,
-    // which were 16 % of a 2,048-token prefill's attention (`attention_bench 2048 1 4` held to
-    // AVX2: 77-78 ms a layer before, 72-74 after; Emerald Rapids). A max is exact, so the
-    // order changes nothing.
-    let mut mv = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
-    let full32 = n / 32 * 32;
-    for i in (0..full32).step_by(32) {
-        for (j, m) in mv.iter_mut().enumerate() {
-            *m = _mm256_max_ps(*m, _mm256_loadu_ps(p.add(i + 8 * j)));
-        }
-    }
-    for i in (full32..full).step_by(8) {
-        mv[0] = _mm256_max_ps(mv[0], _mm256_loadu_ps(p.add(i)));
-    }
-    let mv = _mm256_max_ps(_mm256_max_ps(mv[0], mv[1]), _mm256_max_ps(mv[2], mv[3]));
-    let mut m = hmax(mv);
+    // The max in four chains, its lanes reduced in registers: one chain and a scalar
+    // NaN-checking max over the stored lanes were half of this function's samples, which
+    // were 16 % of a 2,048-token prefill's attention (`attention_bench 2048 1 4` held to AVX2:
+    // 77-78 ms a layer before, 72-74 after; Emerald Rapids).
+    let mv = max_lanes8(x);
+    let mut m = hmax8(mv);
     for &v in &x[full..] {
         m = m.max(v);
     }
@@ -154,25 +133,14 @@ unsafe fn exp_tail(x: &mut [f32], from: usize, m: f32, mut sum: __m256) -> __m25
 /// at 2,000 tokens was 16 % of its samples with 8 lanes on this level.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 pub unsafe fn exp_run16(x: &mut [f32]) -> (f32, f32) {
-    use crate::vector_math::avx512::exp2_16;
+    use crate::vector_math::avx512::{exp2_16, max_lanes16};
     let n = x.len();
     if n < 16 {
         return exp_run(x);
     }
     let full16 = n / 16 * 16;
     let p = x.as_mut_ptr();
-    // Four chains, as `exp_run`.
-    let mut mv = [_mm512_set1_ps(f32::NEG_INFINITY); 4];
-    let full64 = n / 64 * 64;
-    for i in (0..full64).step_by(64) {
-        for (j, m) in mv.iter_mut().enumerate() {
-            *m = _mm512_max_ps(*m, _mm512_loadu_ps(p.add(i + 16 * j)));
-        }
-    }
-    for i in (full64..full16).step_by(16) {
-        mv[0] = _mm512_max_ps(mv[0], _mm512_loadu_ps(p.add(i)));
-    }
-    let mv = _mm512_max_ps(_mm512_max_ps(mv[0], mv[1]), _mm512_max_ps(mv[2], mv[3]));
+    let mv = max_lanes16(x);
     let mut m = _mm512_reduce_max_ps(mv);
     for &v in &x[full16..] {
         m = m.max(v);
@@ -474,7 +442,8 @@ unsafe fn weighted_sums_slice16<E: Load8, const NQ: usize, const C: usize>(
             }
         }
     };
-    // As `weighted_sums_slice`.
+    // As `weighted_sums_slice` (one loop shared by both, taking a key's step as a closure,
+    // made this one 3-5 % slower: `attention_bench 2048 1 3`, 55-56 against 57-59 ms).
     let ahead = common.saturating_sub(VALUE_PREFETCH);
     let mut j = 0;
     while j + 2 <= ahead {

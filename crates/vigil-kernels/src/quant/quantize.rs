@@ -132,21 +132,13 @@ fn fill_bsums(b: &mut BlockQ8K) {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::*;
+    use crate::vector_math::avx2::hmax8;
     use std::arch::x86_64::*;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn abs_ps(v: __m256) -> __m256 {
         _mm256_andnot_ps(_mm256_set1_ps(-0.0), v)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hmax_ps(v: __m256) -> f32 {
-        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        let m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        _mm_cvtss_f32(m)
     }
 
     /// C `roundf` on every lane: truncate, then step away from zero when the dropped part
@@ -194,7 +186,7 @@ mod avx2 {
             _mm256_max_ps(abs_ps(v[0]), abs_ps(v[1])),
             _mm256_max_ps(abs_ps(v[2]), abs_ps(v[3])),
         );
-        (v, hmax_ps(m))
+        (v, hmax8(m))
     }
 
     /// Quantize 32 values to Q8_0/Q8_1 integers; returns the packed values and their sum.
@@ -252,7 +244,7 @@ mod avx2 {
                 // SAFETY: 8 values.
                 m = _mm256_max_ps(m, abs_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }));
             }
-            let amax = hmax_ps(m);
+            let amax = hmax8(m);
             if amax == 0.0 {
                 *yb = BlockQ8K {
                     d: 0.0,
