@@ -217,8 +217,8 @@ mod cephes {
     }
 
     /// The lane-wise max over `x`'s whole vectors (`x.len() / L::N` of them; `-inf` for none),
-    /// in four chains: one `max` waiting on the one before it was a quarter of attention's
-    /// `exp_run`. A max is exact, so the order changes no bit. (Not a Cephes function: it
+    /// in four chains, so no `max` waits on the one before it (attention's `exp_run` says what
+    /// that cost). A max is exact, so the order changes no bit. (Not a Cephes function: it
     /// shares the lane operations.)
     ///
     /// # Safety

@@ -350,6 +350,27 @@ pub unsafe fn weighted_sums<E: Load8>(
     }
 }
 
+/// `$key(&mut $acc, j, prefetch)` for each `j in 0..$common` in order, `prefetch` while row
+/// `j + VALUE_PREFETCH` is one of them: two keys a loop iteration while it is, then one at a
+/// time. The loop's own instructions were a third of a key's 12 FMAs (2-4 % less attention
+/// time in `attention_bench 2048 1 4`, AVX2 and AVX-512 alike). A macro, not a function taking
+/// the step as a closure: that made the AVX-512 slice kernel 3-5 % slower (57-59 ms against
+/// 55-56).
+macro_rules! each_key {
+    ($common:expr, $key:ident, $acc:ident) => {{
+        let ahead = $common.saturating_sub(VALUE_PREFETCH);
+        let mut j = 0;
+        while j + 2 <= ahead {
+            $key(&mut $acc, j, true);
+            $key(&mut $acc, j + 1, true);
+            j += 2;
+        }
+        for j in j..$common {
+            $key(&mut $acc, j, j < ahead);
+        }
+    }};
+}
+
 /// `weighted_sums` for `NQ` queries: slices of the output as wide as the registers allow.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -442,18 +463,7 @@ unsafe fn weighted_sums_slice16<E: Load8, const NQ: usize, const C: usize>(
             }
         }
     };
-    // As `weighted_sums_slice` (one loop shared by both, taking a key's step as a closure,
-    // made this one 3-5 % slower: `attention_bench 2048 1 3`, 55-56 against 57-59 ms).
-    let ahead = common.saturating_sub(VALUE_PREFETCH);
-    let mut j = 0;
-    while j + 2 <= ahead {
-        key(&mut acc, j, true);
-        key(&mut acc, j + 1, true);
-        j += 2;
-    }
-    for j in j..common {
-        key(&mut acc, j, j < ahead);
-    }
+    each_key!(common, key, acc);
     for i in 0..NQ {
         for j in common..n[i] {
             let wv = _mm512_set1_ps(*w[i].add(j));
@@ -503,19 +513,7 @@ unsafe fn weighted_sums_slice<E: Load8, const NQ: usize, const C: usize>(
             }
         }
     };
-    // Two keys a loop iteration while there are rows to prefetch, then the last ones: the
-    // loop's own instructions were a third of the 12 FMAs' (2-4 % less attention time in
-    // `attention_bench 2048 1 4`, AVX2 and AVX-512 alike).
-    let ahead = common.saturating_sub(VALUE_PREFETCH);
-    let mut j = 0;
-    while j + 2 <= ahead {
-        key(&mut acc, j, true);
-        key(&mut acc, j + 1, true);
-        j += 2;
-    }
-    for j in j..common {
-        key(&mut acc, j, j < ahead);
-    }
+    each_key!(common, key, acc);
     for i in 0..NQ {
         for j in common..n[i] {
             let wv = _mm256_broadcast_ss(&*w[i].add(j));
