@@ -46,14 +46,19 @@ def hottest_symbols(data, dso, top):
     return syms[:top]
 
 
-def annotate(data, symbol):
-    out = run(["perf", "annotate", "-i", data, "--stdio", "-s", symbol])
+def parse_annotate(text):
+    """(share of the symbol's samples, address, instruction) of each line of `perf annotate
+    --stdio`, in address order."""
     rows = []
-    for line in out.splitlines():
+    for line in text.splitlines():
         m = LINE.match(line)
         if m:
             rows.append((float(m.group(1)), int(m.group(2), 16), m.group(3).split("#")[0].strip()))
     return sorted(rows, key=lambda r: r[1])
+
+
+def annotate(data, symbol):
+    return parse_annotate(run(["perf", "annotate", "-i", data, "--stdio", "-s", symbol]))
 
 
 def hottest_loop(rows):
@@ -76,25 +81,29 @@ def hottest_loop(rows):
     return best
 
 
-def loop_asm(binary, lo, hi):
-    out = run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={lo:#x}",
-               f"--stop-address={hi + 1:#x}", binary])
+def parse_objdump(text):
+    """The instructions of `objdump -d --no-show-raw-insn` output, less control flow, padding
+    and calls: the steady-state block `llvm-mca` times."""
     lines = []
-    for line in out.splitlines():
+    for line in text.splitlines():
         m = re.match(r"\s+[0-9a-f]+:\s+(\S.*)", line)
         if not m:
             continue
         text = m.group(1).split("#")[0].strip()
-        # Control flow, padding and calls are not part of the steady-state block llvm-mca times.
-        if re.match(r"(j[a-z]+|nop|data16|cs nop|call|ret)\b", text):
+        if re.match(r"(j[a-z]+|nop[a-z]*|data16|cs nop[a-z]*|call[a-z]*|ret[a-z]*)\b", text):
             continue
         lines.append(text)
     return lines
 
 
-def model(mca, mcpu, asm):
-    out = run([mca, f"-mcpu={mcpu}", "-iterations=300", "-timeline=false", "-resource-pressure",
-               "-instruction-info=false"], input="\n".join(asm) + "\n")
+def loop_asm(binary, lo, hi):
+    return parse_objdump(run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={lo:#x}",
+                              f"--stop-address={hi + 1:#x}", binary]))
+
+
+def parse_mca(out):
+    """(cycles an iteration, the three busiest issue units and their cycles an iteration) from
+    `llvm-mca -resource-pressure` output."""
     iters = int(re.search(r"Iterations:\s+(\d+)", out).group(1))
     cycles = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1)) / iters
     names = dict(re.findall(r"^\[([0-9.]+)\]\s+-\s+(\S+)", out, re.M))
@@ -106,8 +115,13 @@ def model(mca, mcpu, asm):
         unit = names.get(c, c)
         if not QUEUES.search(unit):
             busy[unit] = max(busy[unit], v)
-    top = sorted(busy.items(), key=lambda kv: -kv[1])[:3]
-    return cycles, top
+    return cycles, sorted(busy.items(), key=lambda kv: -kv[1])[:3]
+
+
+def model(mca, mcpu, asm):
+    return parse_mca(run([mca, f"-mcpu={mcpu}", "-iterations=300", "-timeline=false",
+                          "-resource-pressure", "-instruction-info=false"],
+                         input="\n".join(asm) + "\n"))
 
 
 def main():
