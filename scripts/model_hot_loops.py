@@ -10,10 +10,13 @@ a loop and which unit sets it, not its time.
 
 For each of the `--top` hottest symbols of BINARY in P.data (`--dso NAME` when the profile ran
 the binary under another name) it takes the innermost loop (a backward jump) holding the most
-samples, and prints the loop's share of all samples, its instructions, and per
-`--mcpu` model the cycles an iteration, the busiest units and how many cycles they need an
-iteration. LLVM 19's `llvm-mca` or later (14's Zen 3 model takes two cycles of a pipe for a
-256-bit FMA; Zen 3 issues two a cycle): `LLVM_MCA` or Debian's `llvm-19` package
+samples, and prints the loop's share of all samples, its instructions, and per `--mcpu` model
+the cycles an iteration, the busiest units and how many cycles they need an iteration. `--asm
+DIR` also writes each loop's block, to edit (say, a broadcast made a load) and time again with
+`llvm-mca -mcpu=znver3 DIR/LOOP.s`.
+
+Needs LLVM 19's `llvm-mca` or later (LLVM 14's Zen 3 model takes two cycles of a pipe for a
+256-bit FMA; Zen 3 issues two a cycle): `LLVM_MCA`, or Debian's `llvm-19` package
 (`scripts/setup_apt_tool.sh LLVM_MCA llvm-19 /usr/lib/llvm-19/bin/llvm-mca`).
 """
 
@@ -130,6 +133,8 @@ def main():
     ap.add_argument("binary")
     ap.add_argument("--top", type=int, default=4)
     ap.add_argument("--dso", help="the binary's name in the profile (default: BINARY's)")
+    ap.add_argument("--asm", metavar="DIR",
+                    help="also write each loop's block to DIR/LOOP.s, to edit and time again")
     ap.add_argument("--mcpu", default="znver3,sapphirerapids")
     args = ap.parse_args()
     mca = os.environ.get("LLVM_MCA", "/usr/lib/llvm-19/bin/llvm-mca")
@@ -143,6 +148,10 @@ def main():
             continue
         in_loop, lo, hi = loop
         asm = loop_asm(args.binary, lo, hi)
+        if args.asm:
+            os.makedirs(args.asm, exist_ok=True)
+            with open(os.path.join(args.asm, f"{lo:x}.s"), "w") as f:
+                f.write("\n".join(asm) + "\n")
         ops = defaultdict(int)
         for text in asm:
             ops[text.split()[0]] += 1
