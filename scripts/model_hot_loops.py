@@ -25,10 +25,10 @@ import os
 import re
 import subprocess
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 LINE = re.compile(r"\s+([0-9.]+)\s+:\s+([0-9a-f]+):\s+(\S.*)")
-JUMP = re.compile(r"j[a-z]+\s+([0-9a-f]+)\s")
+JUMP = re.compile(r"j[a-z]+\s+([0-9a-f]+)\b")
 # Resource-pressure columns that are issue units, not queues or the load/store buffers.
 QUEUES = re.compile(r"LSU|Load|Store|FPSt|AGU|BRU|Divider", re.I)
 
@@ -71,7 +71,7 @@ def hottest_loop(rows):
     are separate loops, and the hottest copy stands for them."""
     loops = []
     for _, a, text in rows:
-        m = JUMP.match(text + " ")
+        m = JUMP.match(text)
         if m and int(m.group(1), 16) < a:
             loops.append((int(m.group(1), 16), a))
     inner = [(lo, hi) for lo, hi in loops
@@ -92,10 +92,10 @@ def parse_objdump(text):
         m = re.match(r"\s+[0-9a-f]+:\s+(\S.*)", line)
         if not m:
             continue
-        text = m.group(1).split("#")[0].strip()
-        if re.match(r"(j[a-z]+|nop[a-z]*|data16|cs nop[a-z]*|call[a-z]*|ret[a-z]*)\b", text):
+        ins = m.group(1).split("#")[0].strip()
+        if re.match(r"(j[a-z]+|nop[a-z]*|data16|cs nop[a-z]*|call[a-z]*|ret[a-z]*)\b", ins):
             continue
-        lines.append(text)
+        lines.append(ins)
     return lines
 
 
@@ -152,10 +152,8 @@ def main():
             os.makedirs(args.asm, exist_ok=True)
             with open(os.path.join(args.asm, f"{lo:x}.s"), "w") as f:
                 f.write("\n".join(asm) + "\n")
-        ops = defaultdict(int)
-        for text in asm:
-            ops[text.split()[0]] += 1
-        common = ", ".join(f"{n} {op}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1])[:5])
+        ops = Counter(ins.split()[0] for ins in asm)
+        common = ", ".join(f"{n} {op}" for op, n in ops.most_common(5))
         print(f"{share * in_loop / 100:5.1f}% of samples  {sym}  loop {lo:#x}-{hi:#x}: "
               f"{len(asm)} instructions ({common})")
         for mcpu in args.mcpu.split(","):
