@@ -4,7 +4,8 @@
 //! step): `cargo run --release -p vigil-kernels --example attention_bench -- [len] [threads]
 //! [reps] [decode]`. `LAYERS=N` sets the decode layers (30 by default; 1 at 256 tokens keeps the
 //! KV in L2, timing the kernels without DRAM's noise). The decode KV is in transparent huge
-//! pages, as the engine's; `HUGE=0` puts it in 4 KiB pages. Under callgrind use 1 thread, 1 rep.
+//! pages, as the engine's; `HUGE=0` puts it in 4 KiB pages. `QWEN3=1` times Qwen3-0.6B's
+//! decode attention instead (16 heads, 8 KV heads, head_dim 128). Under callgrind use 1 thread, 1 rep.
 
 use half::f16;
 use std::time::Instant;
@@ -79,8 +80,23 @@ fn main() {
 
 /// One decode row per layer over `len` held tokens, 30 (or `LAYERS`) layers of KV in turn.
 fn decode(len: usize, threads: usize, reps: usize) {
-    let shape = smollm2_shape();
-    let (q_dim, kv_dim) = (9 * 64, 3 * 64);
+    let qwen3 = std::env::var("QWEN3").is_ok_and(|v| v == "1");
+    let shape = if qwen3 {
+        AttnShape {
+            num_heads: 16,
+            num_kv_heads: 8,
+            head_dim: 128,
+            block_size: 16,
+            window: None,
+            scale: AttnShape::default_scale(128),
+        }
+    } else {
+        smollm2_shape()
+    };
+    let (q_dim, kv_dim) = (
+        shape.num_heads * shape.head_dim,
+        shape.num_kv_heads * shape.head_dim,
+    );
     let layers: usize = std::env::var("LAYERS")
         .ok()
         .and_then(|v| v.parse().ok())

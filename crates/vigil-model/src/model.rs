@@ -57,13 +57,15 @@ fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
 /// Sees the intermediate activations of a step, named as llama.cpp names its graph nodes
 /// (`attn_norm`, `Qcur`, `kqv_out`, `l_out`, ... with the layer; `result_norm`,
 /// `result_output` without), each `rows × width` row-major. For comparing the forward pass
-/// with another implementation layer by layer (`examples/dump_layers.rs`).
+/// with another implementation layer by layer (`examples/dump_layers.rs`), and for timing the
+/// parts of a step between the points (`bench_core --breakdown`).
 pub type Probe = Box<dyn FnMut(&str, Option<usize>, &[f32]) + Send>;
 
 pub struct Model {
     pub config: ModelConfig,
     pub weights: ModelWeights,
-    /// When set, `forward` hands it every intermediate activation (slower; debugging only).
+    /// When set, `forward` hands it every intermediate activation (debugging and timing only:
+    /// a probe that copies them slows the step).
     pub probe: Option<Probe>,
     pool: Arc<ThreadPool>,
     state: RunState,
@@ -199,6 +201,7 @@ impl Model {
                     attend(pool, shape, &mut layers[li], q, k, v, input, &seqs, attn)
                 }
             }
+            see("kqv_out", Some(li), attn);
             let proj = sized(&mut s.proj, t * h);
             match &layer.ffn {
                 FeedForward::Dense(mlp) => {
@@ -215,7 +218,6 @@ impl Model {
                 layer.post_attn_norm.as_deref(),
                 c.rms_norm_eps,
             );
-            see("kqv_out", Some(li), attn);
             see("attn_out", Some(li), proj);
             see("ffn_inp", Some(li), &s.x[..t * h]);
 

@@ -1,7 +1,7 @@
 //! llama-bench's pp/tg figures for Vigil's engine: prefill tokens/s of random-token prompts and
-//! decode tokens/s after a 128-token prompt, repeated, one JSON line per figure (median, min,
-//! max). The counterpart of scripts/bench_llamacpp.py; scripts/bench_core.sh and
-//! scripts/bench_qwen3_shape.sh run both.
+//! decode tokens/s from an empty context, repeated, one JSON line per figure (median, min,
+//! max). scripts/bench_decode_vs_llamabench.sh and scripts/bench_qwen3_shape.sh run it beside
+//! llama-bench.
 //!
 //! MODEL is a GGUF file or a Hugging Face checkpoint directory (config.json, *.safetensors,
 //! tokenizer.json), loaded as `vigil generate` loads it; `--quantize q8_0` converts the float
@@ -10,8 +10,11 @@
 //! `--depth D` adds llama-bench's `-d`: decode tokens/s of 64 tokens after a D-token prompt
 //! (`tg64@dD`), where attention over the held KV weighs on every step.
 //!
-//! `--tg N` sets the decode length after the 128-token prompt (default 128; 0 skips it, for
-//! profiling prefill alone).
+//! `--tg N` sets the decode length (default 128; 0 skips it, for profiling prefill alone).
+//! The decode follows a `--tg-prompt P`-token prompt: 1 by default, so that `tgN` decodes from
+//! an empty context, as llama-bench's does (its tgN decodes N tokens from position 0); P = 128
+//! gives the figure this tool printed before 2026-12-06, with each step attending to 128 more
+//! keys.
 //!
 //! `--floor` adds `tg{N}-floor`: the decode again, with a plain read of the bytes a token's
 //! matmuls read (every layer's matrices and the output projection, in place, split between the
@@ -19,8 +22,14 @@
 //! is its reads' time over its steps' time: the two alternate token by token, so a host whose
 //! memory bandwidth drifts from one minute to the next moves both alike.
 //!
+//! `--breakdown` adds, after `pp{N}` and `tg{N}`, one line per part of a step (QKV
+//! projections, attention, MLP, vocabulary projection, ...): its milliseconds per token, its
+//! share of the step and, in decode, the rate its weights were read at (`breakdown`).
+//!
 //! Usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048] [--depth D]
-//!        [--tg N] [--floor]
+//!        [--tg N] [--tg-prompt P] [--floor] [--breakdown]
+
+mod breakdown;
 
 use std::time::{Duration, Instant};
 use vigil_engine::engine::LlmEngine;
@@ -42,7 +51,7 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let model_path = args.get(1).ok_or(
-        "usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048] [--depth D]",
+        "usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048] [--depth D] [--tg N] [--tg-prompt P] [--floor] [--breakdown]",
     )?;
     let depth: Option<usize> = arg(&args, "--depth").map(|v| v.parse()).transpose()?;
     let tg: usize = arg(&args, "--tg").map_or(Ok(128), |v| v.parse())?;
@@ -50,8 +59,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("--tg must be 0 (no decode figure) or at least 2".into());
     }
     let floor = args.iter().any(|a| a == "--floor");
+    let split = args.iter().any(|a| a == "--breakdown");
     if floor && tg < 3 {
         return Err("--floor needs --tg of at least 3 (a read between two decode steps)".into());
+    }
+    let tg_prompt: usize = arg(&args, "--tg-prompt").map_or(Ok(1), |v| v.parse())?;
+    if tg_prompt == 0 {
+        return Err("--tg-prompt must be at least 1 (the engine decodes after a prompt)".into());
     }
     let threads: usize = arg(&args, "--threads").map_or(Ok(2), |v| v.parse())?;
     let reps: usize = arg(&args, "--reps").map_or(Ok(5), |v| v.parse())?;
@@ -64,14 +78,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if prefill_lens.contains(&0) {
         return Err("--pp lengths must be positive".into());
     }
-    // The longest sequence a test runs: a prefill, the 128-token prompt plus `tg`, or the
+    // The longest sequence a test runs: a prefill, the decode's prompt plus `tg`, or the
     // depth plus its 64 decoded tokens.
     let ctx = 256
         + prefill_lens
             .iter()
             .copied()
             .chain(depth.map(|d| d + 64))
-            .chain([128 + tg])
+            .chain([tg_prompt + tg])
             .max()
             .unwrap_or(0);
     let loaded = load(
@@ -82,7 +96,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             max_context: None,
         },
     )?;
-    let model = loaded.model;
+    let mut model = loaded.model;
+    // The probe is installed only with `--breakdown`: the plain figures run without it.
+    let parts = breakdown::PartBytes::of(&model.weights);
+    let recorder = split.then(|| {
+        let (rec, probe) = breakdown::recorder(model.config.hidden_size);
+        model.probe = Some(probe);
+        rec
+    });
     // Views of the same bytes the model reads (the matrices share their buffers).
     let reads: Vec<QMatrix> = model
         .weights
@@ -127,6 +148,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // (prefill tok/s, decode tok/s, with `read`: the decode steps' and the reads' seconds).
     let mut run = |prompt: Vec<u32>, gen: usize, read: bool| -> (f64, f64, Duration, Duration) {
         let n = prompt.len();
+        if let Some(rec) = &recorder {
+            breakdown::new_request(rec);
+        }
         let stop = StopCriteria {
             max_tokens: gen,
             stop_token_ids: vec![],
@@ -171,16 +195,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     };
     for n in prefill_lens {
+        if let Some(rec) = &recorder {
+            breakdown::start(rec);
+        }
         let v: Vec<f64> = (0..reps)
             .map(|_| run(random_prompt(n), 1, false).0)
             .collect();
         report(&format!("pp{n}"), v);
+        if let Some(rec) = &recorder {
+            breakdown::report(rec, &format!("pp{n}"), false, &parts);
+        }
     }
     if tg > 0 {
+        if let Some(rec) = &recorder {
+            breakdown::start(rec);
+        }
         let v: Vec<f64> = (0..reps)
-            .map(|_| run(random_prompt(128), tg, false).1)
+            .map(|_| run(random_prompt(tg_prompt), tg, false).1)
             .collect();
         report(&format!("tg{tg}"), v);
+        if let Some(rec) = &recorder {
+            breakdown::report(rec, &format!("tg{tg}"), true, &parts);
+        }
     }
     if let Some(d) = depth {
         let v: Vec<f64> = (0..reps)
@@ -192,7 +228,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let bytes: usize = reads.iter().map(|m| m.data.bytes().len()).sum();
         let (mut share, mut rate, mut gb_s) = (vec![], vec![], vec![]);
         for _ in 0..reps {
-            let (_, tok_s, stepping, reading) = run(random_prompt(128), tg, true);
+            let (_, tok_s, stepping, reading) = run(random_prompt(tg_prompt), tg, true);
             // Every step after the first token was followed by one read but the last.
             let reads_done = (tg - 2) as f64;
             let per_step = stepping.as_secs_f64() / (tg - 1) as f64;
