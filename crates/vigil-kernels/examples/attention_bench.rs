@@ -31,6 +31,18 @@ fn smollm2_shape() -> AttnShape {
     }
 }
 
+/// Qwen3-0.6B's attention: 16 heads over 8 KV heads of 128, 16-token cache blocks.
+fn qwen3_shape() -> AttnShape {
+    AttnShape {
+        num_heads: 16,
+        num_kv_heads: 8,
+        head_dim: 128,
+        block_size: 16,
+        window: None,
+        scale: AttnShape::default_scale(128),
+    }
+}
+
 fn main() {
     let (len, threads, reps) = (arg(1, 512), arg(2, 2), arg(3, 3));
     if std::env::args().nth(4).as_deref() == Some("decode") {
@@ -80,16 +92,8 @@ fn main() {
 
 /// One decode row per layer over `len` held tokens, 30 (or `LAYERS`) layers of KV in turn.
 fn decode(len: usize, threads: usize, reps: usize) {
-    let qwen3 = std::env::var("QWEN3").is_ok_and(|v| v == "1");
-    let shape = if qwen3 {
-        AttnShape {
-            num_heads: 16,
-            num_kv_heads: 8,
-            head_dim: 128,
-            block_size: 16,
-            window: None,
-            scale: AttnShape::default_scale(128),
-        }
+    let shape = if std::env::var("QWEN3").is_ok_and(|v| v == "1") {
+        qwen3_shape()
     } else {
         smollm2_shape()
     };

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vigil_model::weights::{FeedForward, ModelWeights};
 
-/// The parts of a step, in the order a step reaches them, with the probe point that ends each.
+/// The parts of a step, in the order a step reaches them (indices: the constants below).
 const PARTS: [&str; 7] = [
     "QKV projections, q/k norm, RoPE",
     "attention (KV write + paged attention)",
@@ -24,25 +24,30 @@ const PARTS: [&str; 7] = [
     "vocabulary projection",
     "between steps (sample, schedule)",
 ];
+const QKV: usize = 0;
+const ATTENTION: usize = 1;
+const OUTPUT_PROJ: usize = 2;
+const MLP: usize = 3;
+const NORMS: usize = 4;
+const VOCAB: usize = 5;
+/// From a step's last probe point to the next step's first.
+const BETWEEN: usize = 6;
 
 /// Which part the time from probe point `prev` to point `name` belongs to.
 fn part_of(prev: &str, name: &str) -> usize {
     match (prev, name) {
         (_, "embd") => BETWEEN,
-        (_, "Qcur") => 0,
-        (_, "kqv_out") => 1,
-        (_, "attn_out") => 2,
-        (_, "ffn_up") => 3,
+        (_, "Qcur") => QKV,
+        (_, "kqv_out") => ATTENTION,
+        (_, "attn_out") => OUTPUT_PROJ,
+        (_, "ffn_up") => MLP,
         // A routed-experts block has no `ffn_up` point: norm to output is the experts'.
-        ("ffn_norm", "ffn_out") => 3,
-        (_, "result_output") => 5,
+        ("ffn_norm", "ffn_out") => MLP,
+        (_, "result_output") => VOCAB,
         // Everything else between two points: norms, residual adds, Gemma's post-norms.
-        _ => 4,
+        _ => NORMS,
     }
 }
-
-/// The part of the time between a step's last probe point and the next step's first.
-const BETWEEN: usize = 6;
 
 /// The time of each part, summed over the steps of one kind (decode or prefill).
 #[derive(Default)]
@@ -128,19 +133,19 @@ impl PartBytes {
     pub fn of(w: &ModelWeights) -> PartBytes {
         let mut b = [0usize; PARTS.len()];
         for l in &w.layers {
-            b[0] += [&l.wq, &l.wk, &l.wv]
+            b[QKV] += [&l.wq, &l.wk, &l.wv]
                 .iter()
                 .map(|m| m.data.bytes().len())
                 .sum::<usize>();
-            b[2] += l.wo.data.bytes().len();
+            b[OUTPUT_PROJ] += l.wo.data.bytes().len();
             if let FeedForward::Dense(mlp) = &l.ffn {
-                b[3] += [&mlp.gate, &mlp.up, &mlp.down]
+                b[MLP] += [&mlp.gate, &mlp.up, &mlp.down]
                     .iter()
                     .map(|m| m.data.bytes().len())
                     .sum::<usize>();
             }
         }
-        b[5] = w.output.data.bytes().len();
+        b[VOCAB] = w.output.data.bytes().len();
         PartBytes(b)
     }
 }

@@ -98,11 +98,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let mut model = loaded.model;
     // The probe is installed only with `--breakdown`: the plain figures run without it.
-    let parts = breakdown::PartBytes::of(&model.weights);
     let recorder = split.then(|| {
         let (rec, probe) = breakdown::recorder(model.config.hidden_size);
         model.probe = Some(probe);
-        rec
+        (rec, breakdown::PartBytes::of(&model.weights))
     });
     // Views of the same bytes the model reads (the matrices share their buffers).
     let reads: Vec<QMatrix> = model
@@ -148,7 +147,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // (prefill tok/s, decode tok/s, with `read`: the decode steps' and the reads' seconds).
     let mut run = |prompt: Vec<u32>, gen: usize, read: bool| -> (f64, f64, Duration, Duration) {
         let n = prompt.len();
-        if let Some(rec) = &recorder {
+        if let Some((rec, _)) = &recorder {
             breakdown::new_request(rec);
         }
         let stop = StopCriteria {
@@ -195,27 +194,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     };
     for n in prefill_lens {
-        if let Some(rec) = &recorder {
+        if let Some((rec, _)) = &recorder {
             breakdown::start(rec);
         }
         let v: Vec<f64> = (0..reps)
             .map(|_| run(random_prompt(n), 1, false).0)
             .collect();
         report(&format!("pp{n}"), v);
-        if let Some(rec) = &recorder {
-            breakdown::report(rec, &format!("pp{n}"), false, &parts);
+        if let Some((rec, parts)) = &recorder {
+            breakdown::report(rec, &format!("pp{n}"), false, parts);
         }
     }
     if tg > 0 {
-        if let Some(rec) = &recorder {
+        if let Some((rec, _)) = &recorder {
             breakdown::start(rec);
         }
         let v: Vec<f64> = (0..reps)
             .map(|_| run(random_prompt(tg_prompt), tg, false).1)
             .collect();
         report(&format!("tg{tg}"), v);
-        if let Some(rec) = &recorder {
-            breakdown::report(rec, &format!("tg{tg}"), true, &parts);
+        if let Some((rec, parts)) = &recorder {
+            breakdown::report(rec, &format!("tg{tg}"), true, parts);
         }
     }
     if let Some(d) = depth {
