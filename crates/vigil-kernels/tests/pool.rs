@@ -61,6 +61,37 @@ fn chunks_are_contiguous_and_the_caller_runs_the_first() {
 }
 
 #[test]
+fn an_idle_thread_takes_over_a_busy_ones_chunks_from_the_back() {
+    use vigil_kernels::pool::CHUNKS_PER_THREAD;
+    let pool = ThreadPool::new(2);
+    let n = 2 * CHUNKS_PER_THREAD;
+    for _ in 0..50 {
+        let done: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+        let taken_over = Mutex::new(Vec::new());
+        let caller = std::thread::current().id();
+        pool.run(n, |i| {
+            if i == 0 {
+                // The caller holds its first chunk until the worker has run all of the
+                // caller's others: it must take them over, not wait for them.
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                while (1..CHUNKS_PER_THREAD).any(|c| done[c].load(Ordering::Acquire) == 0) {
+                    assert!(std::time::Instant::now() < deadline, "no thread took over");
+                    std::hint::spin_loop();
+                }
+            } else if i < CHUNKS_PER_THREAD {
+                assert_ne!(std::thread::current().id(), caller);
+                taken_over.lock().unwrap().push(i);
+            }
+            done[i].store(1, Ordering::Release);
+        });
+        assert!(done.iter().all(|d| d.load(Ordering::Relaxed) == 1));
+        // From the back: away from the memory the owner's kernels fetch ahead of it.
+        let expected: Vec<usize> = (1..CHUNKS_PER_THREAD).rev().collect();
+        assert_eq!(*taken_over.lock().unwrap(), expected);
+    }
+}
+
+#[test]
 fn workers_wake_after_parking() {
     let pool = ThreadPool::new(2);
     for round in 0..5 {

@@ -13,6 +13,11 @@
 //! delays a step by at most one of its chunks instead of its whole share. Which thread runs a
 //! chunk never changes what the chunk computes.
 //!
+//! A job's round trip is a few cache-line transfers between cores, and decode makes a few
+//! hundred a step: each thread claims from a cursor on its own line (a claim touches another
+//! thread's line only to take over its chunks), counts its finished chunks down once per job,
+//! and the job's closure sits on the epoch's line, so a worker picks up a job in one transfer.
+//!
 //! While a thread waits (a worker for the next job, the caller for the job's last chunks) it
 //! prefetches the part of the next job's weights it will read first, when the caller named
 //! them with [`ThreadPool::warm_next`] (see `warm`).
@@ -52,20 +57,41 @@ struct Job {
     n_tasks: usize,
 }
 
-struct Shared {
+/// A value alone on its cache lines (two: the adjacent-line prefetcher pulls pairs), so that
+/// threads writing different ones never contend.
+#[repr(align(128))]
+#[derive(Default)]
+struct Line<T>(T);
+
+/// The published job and its epoch, together: a worker that sees the epoch move has the job's
+/// line already.
+struct Slot {
     /// Bumped (SeqCst) once per job, starting at 1.
     epoch: AtomicUsize,
-    /// Per chunk, the last epoch in which some thread claimed it. A chunk is free in epoch
-    /// `e` while its entry is below `e`; claiming is a compare-exchange to `e`.
-    claimed: Vec<AtomicUsize>,
+    job: std::cell::UnsafeCell<Job>,
+}
+
+/// How a claim cursor packs its epoch and the bounds of its unclaimed chunks:
+/// `(epoch << CURSOR_BITS | front) << CURSOR_BITS | back`.
+const CURSOR_BITS: u32 = 8;
+const CURSOR_MASK: usize = (1 << CURSOR_BITS) - 1;
+const _: () = assert!(CHUNKS_PER_THREAD < 1 << CURSOR_BITS);
+
+struct Shared {
+    slot: Line<Slot>,
+    /// Per thread, which of its own chunks are still unclaimed in an epoch: those from `front`
+    /// up to `back` (a cursor from an older epoch has all of them). The owner claims from the
+    /// front, in order; another thread takes over from the back, away from the memory the
+    /// owner's kernels are fetching ahead. Claiming is a compare-exchange, so a thread that saw
+    /// an old epoch can never claim in a newer one.
+    cursors: Vec<Line<AtomicUsize>>,
     /// Chunks of the current job not yet finished.
-    remaining: AtomicUsize,
+    remaining: Line<AtomicUsize>,
     /// Workers currently parked (or about to park) on `wake`.
     sleeping: AtomicUsize,
     shutdown: AtomicBool,
     /// Set by a worker whose task panicked; the payload is kept for the caller.
     panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
-    job: std::cell::UnsafeCell<Job>,
     lock: Mutex<()>,
     wake: Condvar,
     /// What the next job will read, for waiting threads to prefetch.
@@ -99,18 +125,18 @@ impl ThreadPool {
     pub fn new(num_threads: usize) -> ThreadPool {
         let num_threads = num_threads.max(1);
         let shared = Arc::new(Shared {
-            epoch: AtomicUsize::new(0),
-            claimed: (0..num_threads * CHUNKS_PER_THREAD)
-                .map(|_| AtomicUsize::new(0))
-                .collect(),
-            remaining: AtomicUsize::new(0),
+            slot: Line(Slot {
+                epoch: AtomicUsize::new(0),
+                job: std::cell::UnsafeCell::new(Job {
+                    task: &NO_TASK as &Task<'static>,
+                    n_tasks: 0,
+                }),
+            }),
+            cursors: (0..num_threads).map(|_| Line::default()).collect(),
+            remaining: Line::default(),
             sleeping: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             panic: Mutex::new(None),
-            job: std::cell::UnsafeCell::new(Job {
-                task: &NO_TASK as &Task<'static>,
-                n_tasks: 0,
-            }),
             lock: Mutex::new(()),
             wake: Condvar::new(),
             warm: WarmHint::default(),
@@ -195,22 +221,25 @@ impl ThreadPool {
         // job without first claiming a chunk of this epoch.
         let task: *const Task<'static> = unsafe { std::mem::transmute(task as *const Task<'_>) };
         // SAFETY: between jobs (see `Shared`).
-        unsafe { *shared.job.get() = Job { task, n_tasks } };
-        let epoch = shared.epoch.load(Ordering::Relaxed) + 1;
-        shared.remaining.store(shared.num_chunks, Ordering::SeqCst);
-        // The caller's own chunk is claimed before anyone can see the job.
-        shared.claimed[0].store(epoch, Ordering::SeqCst);
-        shared.epoch.store(epoch, Ordering::SeqCst);
+        unsafe { *shared.slot.0.job.get() = Job { task, n_tasks } };
+        let epoch = shared.slot.0.epoch.load(Ordering::Relaxed) + 1;
+        // Ordered before the epoch's store, which every thread reads before claiming. The
+        // caller's first chunk is its own before anyone can see the job.
+        shared
+            .remaining
+            .0
+            .store(shared.num_chunks, Ordering::Relaxed);
+        let first_claimed = (epoch << CURSOR_BITS | 1) << CURSOR_BITS | CHUNKS_PER_THREAD;
+        shared.cursors[0].0.store(first_claimed, Ordering::Relaxed);
+        // SeqCst against `sleeping`: a worker about to park sees the epoch or is woken.
+        shared.slot.0.epoch.store(epoch, Ordering::SeqCst);
         if shared.sleeping.load(Ordering::SeqCst) > 0 {
             let _g = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
             shared.wake.notify_all();
         }
 
         IN_POOL_TASK.with(|c| c.set(true));
-        let mine = catch_unwind(AssertUnwindSafe(|| {
-            run_chunk(shared, &f, n_tasks, 0);
-            claim_from(shared, epoch, 0, 1, &f, n_tasks);
-        }));
+        let mine = catch_unwind(AssertUnwindSafe(|| run_claimed(shared, epoch, &f, n_tasks)));
         IN_POOL_TASK.with(|c| c.set(false));
 
         wait_for_chunks(shared, &mut serial);
@@ -234,7 +263,7 @@ impl ThreadPool {
 fn wait_for_chunks(shared: &Shared, warm: &mut WarmCursor) {
     let mut spins = 0u32;
     let mut since: Option<Instant> = None;
-    while shared.remaining.load(Ordering::Acquire) > 0 {
+    while shared.remaining.0.load(Ordering::Acquire) > 0 {
         if warm.step(&shared.warm, 0, shared.num_threads) {
             continue;
         }
@@ -252,46 +281,86 @@ fn wait_for_chunks(shared: &Shared, warm: &mut WarmCursor) {
     }
 }
 
-/// Run chunk `c` and count it finished (a panic is caught by the caller of this function
-/// only after the count, so `remaining` always reaches zero).
-fn run_chunk(shared: &Shared, f: &(dyn Fn(usize) + Sync + '_), n_tasks: usize, c: usize) {
-    struct Finish<'a>(&'a AtomicUsize);
-    impl Drop for Finish<'_> {
-        fn drop(&mut self) {
-            self.0.fetch_sub(1, Ordering::Release);
+/// Counts the chunks a thread finished in one job and takes them off `remaining` once, when
+/// it drops: after the thread's last chunk, or while a panicking task unwinds (the chunk that
+/// panicked counted too), so `remaining` always reaches zero.
+struct Finished<'a> {
+    remaining: &'a AtomicUsize,
+    chunks: usize,
+}
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        if self.chunks > 0 {
+            self.remaining.fetch_sub(self.chunks, Ordering::Release);
         }
     }
-    let _finish = Finish(&shared.remaining);
-    let chunks = shared.num_chunks;
-    (c * n_tasks / chunks..(c + 1) * n_tasks / chunks).for_each(f);
 }
 
-fn try_claim(shared: &Shared, epoch: usize, c: usize) -> bool {
-    let seen = shared.claimed[c].load(Ordering::SeqCst);
-    seen < epoch
-        && shared.claimed[c]
-            .compare_exchange(seen, epoch, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
+/// Claim an unclaimed chunk of thread `owner` in `epoch` for thread `me`: the first one when
+/// `me` is the owner, else the last. Its index, or `None` when all of that thread's chunks are
+/// claimed (or `epoch` is over).
+fn claim(shared: &Shared, epoch: usize, owner: usize, me: usize) -> Option<usize> {
+    let cursor = &shared.cursors[owner].0;
+    let mut seen = cursor.load(Ordering::Acquire);
+    loop {
+        let (front, back) = match (seen >> (2 * CURSOR_BITS)).cmp(&epoch) {
+            std::cmp::Ordering::Less => (0, CHUNKS_PER_THREAD),
+            std::cmp::Ordering::Equal => ((seen >> CURSOR_BITS) & CURSOR_MASK, seen & CURSOR_MASK),
+            std::cmp::Ordering::Greater => return None,
+        };
+        if front >= back {
+            return None;
+        }
+        let (taken, front, back) = if me == owner {
+            (front, front + 1, back)
+        } else {
+            (back - 1, front, back - 1)
+        };
+        let claimed = (epoch << CURSOR_BITS | front) << CURSOR_BITS | back;
+        match cursor.compare_exchange_weak(seen, claimed, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(owner * CHUNKS_PER_THREAD + taken),
+            Err(now) => seen = now,
+        }
+    }
 }
 
-/// Run every chunk of `epoch` that nobody has claimed yet, in order from thread `me`'s own
-/// chunk `first` (its chunks first, then everyone else's).
-fn claim_from(
+/// Run every chunk of `epoch` thread `me` can claim, after `held` (a chunk it claimed
+/// already): its own in order, then any other thread's that nobody has started, from that
+/// thread's last. `job` gives the job, read only after a claim succeeded (only then is its
+/// caller known to be waiting on this epoch).
+fn run_claimed_with<'f>(
     shared: &Shared,
     epoch: usize,
     me: usize,
-    first: usize,
-    f: &(dyn Fn(usize) + Sync + '_),
-    n_tasks: usize,
+    held: Option<usize>,
+    job: impl Fn() -> (&'f (dyn Fn(usize) + Sync + 'f), usize),
 ) {
-    let n = shared.num_chunks;
-    let start = me * CHUNKS_PER_THREAD;
-    for k in first..n {
-        let c = (start + k) % n;
-        if try_claim(shared, epoch, c) {
-            run_chunk(shared, f, n_tasks, c);
+    let mut finished = Finished {
+        remaining: &shared.remaining.0,
+        chunks: 0,
+    };
+    let (n, chunks) = (shared.num_threads, shared.num_chunks);
+    if let Some(c) = held {
+        let (f, n_tasks) = job();
+        finished.chunks += 1;
+        (c * n_tasks / chunks..(c + 1) * n_tasks / chunks).for_each(f);
+    }
+    for k in 0..n {
+        let owner = (me + k) % n;
+        while let Some(c) = claim(shared, epoch, owner, me) {
+            let (f, n_tasks) = job();
+            // Counted before it runs: a panic unwinds through `finished` with it included.
+            finished.chunks += 1;
+            (c * n_tasks / chunks..(c + 1) * n_tasks / chunks).for_each(f);
         }
     }
+}
+
+/// `run_claimed_with` for the caller (thread 0), who holds the closure and claimed its first
+/// chunk when it published the job.
+fn run_claimed(shared: &Shared, epoch: usize, f: &(dyn Fn(usize) + Sync + '_), n_tasks: usize) {
+    run_claimed_with(shared, epoch, 0, Some(0), || (f, n_tasks));
 }
 
 fn worker_loop(shared: &Shared, t: usize) {
@@ -304,20 +373,14 @@ fn worker_loop(shared: &Shared, t: usize) {
             return;
         }
         seen = epoch;
-        // Our own chunks first; then any chunk nobody has started. The job is read only after
-        // a successful claim: only then is the caller known to be waiting on this epoch.
-        let first = t * CHUNKS_PER_THREAD;
+        // Our own chunks first; then any chunk nobody has started.
         let result = catch_unwind(AssertUnwindSafe(|| {
-            let n = shared.num_chunks;
-            for k in 0..n {
-                let c = (first + k) % n;
-                if try_claim(shared, epoch, c) {
-                    // SAFETY: called only while holding a claimed chunk of `epoch` (see `Shared`).
-                    let j = unsafe { *shared.job.get() };
-                    // SAFETY: the caller keeps the closure alive until every chunk finished.
-                    run_chunk(shared, unsafe { &*j.task }, j.n_tasks, c);
-                }
-            }
+            run_claimed_with(shared, epoch, t, None, || {
+                // SAFETY: called only while holding a claimed chunk of `epoch` (see `Shared`).
+                let j = unsafe { *shared.slot.0.job.get() };
+                // SAFETY: the caller keeps the closure alive until every chunk finished.
+                (unsafe { &*j.task }, j.n_tasks)
+            });
         }));
         if let Err(payload) = result {
             let mut slot = shared.panic.lock().unwrap_or_else(|e| e.into_inner());
@@ -332,7 +395,7 @@ fn wait_for_epoch(shared: &Shared, seen: usize, t: usize, warm: &mut WarmCursor)
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
-        let e = shared.epoch.load(Ordering::SeqCst);
+        let e = shared.slot.0.epoch.load(Ordering::SeqCst);
         if e != seen || shared.shutdown.load(Ordering::Relaxed) {
             return e;
         }
@@ -347,7 +410,7 @@ fn wait_for_epoch(shared: &Shared, seen: usize, t: usize, warm: &mut WarmCursor)
     let mut guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
     shared.sleeping.fetch_add(1, Ordering::SeqCst);
     loop {
-        let e = shared.epoch.load(Ordering::SeqCst);
+        let e = shared.slot.0.epoch.load(Ordering::SeqCst);
         if e != seen || shared.shutdown.load(Ordering::SeqCst) {
             shared.sleeping.fetch_sub(1, Ordering::SeqCst);
             return e;
