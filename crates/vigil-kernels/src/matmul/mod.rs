@@ -252,7 +252,9 @@ fn split_rows(
     let units: Vec<usize> = parts.iter().map(|p| p.w.rows.div_ceil(align)).collect();
     let total: usize = units.iter().sum();
     // A few tasks per thread, so a thread the OS has descheduled loses only one.
-    let tasks = (pool.num_threads() * 4).min(total).max(1);
+    let tasks = (pool.num_threads() * crate::pool::CHUNKS_PER_THREAD)
+        .min(total)
+        .max(1);
     pool.run(tasks, |t| {
         let (u0, u1) = (t * total / tasks, (t + 1) * total / tasks);
         let mut start = 0;
