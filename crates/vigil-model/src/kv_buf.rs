@@ -1,13 +1,22 @@
 //! One KV tensor's memory: a zeroed, page-aligned anonymous mapping that the OS backs with
 //! pages only where it is written, and whose pages can be given back (`release`) when nothing
 //! will read their rows again (the blocks every sliding-window layer has slid past). A given
-//! back page reads as zeros and is mapped afresh by its next write. The mapping asks for
-//! transparent huge pages.
+//! back page reads as zeros and is mapped afresh by its next write. A mapping of 2 MiB or
+//! more asks for transparent huge pages, unless its pages are given back (`keep_small_pages`).
+//!
+//! Why a mapping whose pages are given back must not ask for huge pages: khugepaged collapses
+//! any 2 MiB range of a huge-page mapping with as few as one page present (its default
+//! `max_ptes_none` is 511) into a huge page, which maps every page of the range again, the
+//! given-back ones included. So does a mapping smaller than 2 MiB that the kernel merged with a
+//! neighbouring one that asked. Those ask for small pages instead.
 
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut, Range};
 
 use memmap2::MmapMut;
+
+/// The size of a transparent huge page on x86-64 (and arm64 with 4 KiB pages).
+const HUGE_PAGE: usize = 2 << 20;
 
 /// `len` elements of `E` in their own anonymous mapping (see the module docs).
 pub struct KvBuf<E> {
@@ -30,15 +39,30 @@ impl<E: bytemuck::Pod> KvBuf<E> {
             // "always" needs no hint): a decode step reads each KV head's 2 KiB pieces
             // across the whole context, and with 4 KiB pages nearly every piece is a TLB miss
             // (SmolLM2's attention after 2,048 tokens: ~11 % less time, `attention_bench`
-            // with `HUGE=1`). Memory is still taken as rows are written, 2 MiB at a time.
+            // with `HUGE=1`). Memory is still taken as rows are written, 2 MiB at a time. A
+            // mapping that cannot hold one asks for small pages (see the module docs).
             #[cfg(target_os = "linux")]
-            let _ = map.advise(memmap2::Advice::HugePage);
+            let _ = map.advise(if bytes >= HUGE_PAGE {
+                memmap2::Advice::HugePage
+            } else {
+                memmap2::Advice::NoHugePage
+            });
             map
         });
         KvBuf {
             map,
             len,
             _elem: PhantomData,
+        }
+    }
+
+    /// Ask for small pages from now on (Linux; elsewhere a no-op): for a buffer whose pages
+    /// `release` gives back, so that khugepaged does not map them again (see the module docs).
+    /// Pages already in a huge page are split as they are given back.
+    pub fn keep_small_pages(&self) {
+        #[cfg(target_os = "linux")]
+        if let Some(map) = &self.map {
+            let _ = map.advise(memmap2::Advice::NoHugePage);
         }
     }
 
@@ -156,5 +180,90 @@ mod tests {
         assert_eq!(b[per_page], 2.0);
         assert_eq!(b.release(0..per_page - 1), 0);
         assert!(KvBuf::<f32>::zeroed(0).is_empty());
+    }
+
+    /// What khugepaged does in the background, done now: `MADV_COLLAPSE` (Linux 6.1 on) makes
+    /// every 2 MiB range of the buffer one huge page where the mapping allows it. Whether it
+    /// did.
+    #[cfg(target_os = "linux")]
+    fn collapse(b: &KvBuf<f32>) -> bool {
+        const MADV_COLLAPSE: libc::c_int = 25;
+        let Some(map) = b.map.as_ref() else {
+            return false;
+        };
+        // SAFETY: advice on this buffer's own mapping; a collapse keeps every page's contents.
+        unsafe { libc::madvise(map.as_ptr() as *mut _, map.len(), MADV_COLLAPSE) == 0 }
+    }
+
+    /// 8 MiB of `f32` (whole 2 MiB ranges inside, wherever the mapping starts), every page
+    /// written, then every other run of 16 pages given back, as a sliding window gives back
+    /// old blocks beside newer ones: each 2 MiB range keeps half its pages. The bytes left.
+    #[cfg(target_os = "linux")]
+    fn half_given_back(b: &mut KvBuf<f32>, page: usize) -> usize {
+        let per_page = page / 4;
+        for p in 0..b.len() / per_page {
+            b[p * per_page] = 1.0;
+        }
+        let run = 16 * per_page;
+        let given: usize = (0..b.len() / run)
+            .step_by(2)
+            .map(|r| b.release(r * run..(r + 1) * run))
+            .sum();
+        b.len() * 4 - given
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn given_back_pages_stay_given_back_when_huge_pages_are_collapsed() {
+        let Some(page) = page_size() else { return };
+        let mut b = KvBuf::<f32>::zeroed((8 << 20) / 4);
+        b.keep_small_pages();
+        let left = half_given_back(&mut b, page);
+        assert_eq!(b.resident_bytes(), Some(left));
+        collapse(&b);
+        assert_eq!(
+            b.resident_bytes(),
+            Some(left),
+            "given-back pages mapped again"
+        );
+    }
+
+    /// The same without `keep_small_pages`: where the kernel collapses, the given-back pages
+    /// come back (the reason for it). Where it cannot (no THP, an older kernel), it says so.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_huge_page_mapping_refills_given_back_pages_when_collapsed() {
+        let Some(page) = page_size() else { return };
+        let mut b = KvBuf::<f32>::zeroed((8 << 20) / 4);
+        let left = half_given_back(&mut b, page);
+        if !collapse(&b) {
+            eprintln!("skipped: this kernel does not collapse huge pages on request");
+            return;
+        }
+        let resident = b.resident_bytes().unwrap_or(0);
+        assert!(
+            resident > left,
+            "{resident} bytes resident after a collapse, {left} before"
+        );
+        let run = 16 * page / 4;
+        assert!(
+            b[..run].iter().all(|&x| x == 0.0),
+            "given-back rows read as zeros"
+        );
+    }
+
+    #[test]
+    fn small_buffers_ask_for_small_pages() {
+        // Below 2 MiB a buffer cannot hold a huge page of its own; merged with a neighbour
+        // that asked for them, it could be collapsed all the same. Its pages stay as written.
+        let Some(page) = page_size() else { return };
+        let per_page = page / 4;
+        let mut b = KvBuf::<f32>::zeroed(per_page * 64);
+        b[0] = 1.0;
+        #[cfg(target_os = "linux")]
+        let _ = collapse(&b);
+        if let Some(r) = b.resident_bytes() {
+            assert_eq!(r, page);
+        }
     }
 }

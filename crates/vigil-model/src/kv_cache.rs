@@ -92,6 +92,20 @@ impl KvCache {
         }
     }
 
+    /// Ask for small pages for `layers`' buffers (the sliding-window layers, whose pages
+    /// `release_blocks` gives back): see `KvBuf::keep_small_pages`.
+    pub fn keep_small_pages(&self, layers: &[usize]) {
+        fn each<E: bytemuck::Pod>(bufs: &[[KvBuf<E>; 2]], layers: &[usize]) {
+            for kv in layers.iter().filter_map(|&l| bufs.get(l)) {
+                kv.iter().for_each(KvBuf::keep_small_pages);
+            }
+        }
+        match &self.layers {
+            KvLayers::F16(bufs) => each(bufs, layers),
+            KvLayers::F32(bufs) => each(bufs, layers),
+        }
+    }
+
     /// Give back the memory of `blocks` in `layers` (the sliding-window layers): every page
     /// lying wholly inside blocks that `released` says no one will read there again. A page
     /// shared with a block still in use stays, so with blocks smaller than a page memory goes
