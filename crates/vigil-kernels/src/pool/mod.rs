@@ -77,6 +77,11 @@ const CURSOR_BITS: u32 = 8;
 const CURSOR_MASK: usize = (1 << CURSOR_BITS) - 1;
 const _: () = assert!(CHUNKS_PER_THREAD < 1 << CURSOR_BITS);
 
+/// A claim cursor: in `epoch`, chunks `front..back` of its thread are unclaimed.
+fn cursor(epoch: usize, front: usize, back: usize) -> usize {
+    (epoch << CURSOR_BITS | front) << CURSOR_BITS | back
+}
+
 struct Shared {
     slot: Line<Slot>,
     /// Per thread, which of its own chunks are still unclaimed in an epoch: those from `front`
@@ -229,7 +234,7 @@ impl ThreadPool {
             .remaining
             .0
             .store(shared.num_chunks, Ordering::Relaxed);
-        let first_claimed = (epoch << CURSOR_BITS | 1) << CURSOR_BITS | CHUNKS_PER_THREAD;
+        let first_claimed = cursor(epoch, 1, CHUNKS_PER_THREAD);
         shared.cursors[0].0.store(first_claimed, Ordering::Relaxed);
         // SeqCst against `sleeping`: a worker about to park sees the epoch or is woken.
         shared.slot.0.epoch.store(epoch, Ordering::SeqCst);
@@ -301,8 +306,8 @@ impl Drop for Finished<'_> {
 /// `me` is the owner, else the last. Its index, or `None` when all of that thread's chunks are
 /// claimed (or `epoch` is over).
 fn claim(shared: &Shared, epoch: usize, owner: usize, me: usize) -> Option<usize> {
-    let cursor = &shared.cursors[owner].0;
-    let mut seen = cursor.load(Ordering::Acquire);
+    let slot = &shared.cursors[owner].0;
+    let mut seen = slot.load(Ordering::Acquire);
     loop {
         let (front, back) = match (seen >> (2 * CURSOR_BITS)).cmp(&epoch) {
             std::cmp::Ordering::Less => (0, CHUNKS_PER_THREAD),
@@ -317,8 +322,8 @@ fn claim(shared: &Shared, epoch: usize, owner: usize, me: usize) -> Option<usize
         } else {
             (back - 1, front, back - 1)
         };
-        let claimed = (epoch << CURSOR_BITS | front) << CURSOR_BITS | back;
-        match cursor.compare_exchange_weak(seen, claimed, Ordering::AcqRel, Ordering::Acquire) {
+        let claimed = cursor(epoch, front, back);
+        match slot.compare_exchange_weak(seen, claimed, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => return Some(owner * CHUNKS_PER_THREAD + taken),
             Err(now) => seen = now,
         }
@@ -341,18 +346,17 @@ fn run_claimed_with<'f>(
         chunks: 0,
     };
     let (n, chunks) = (shared.num_threads, shared.num_chunks);
-    if let Some(c) = held {
+    let mut run = |c: usize| {
         let (f, n_tasks) = job();
+        // Counted before it runs: a panic unwinds through `finished` with it included.
         finished.chunks += 1;
         (c * n_tasks / chunks..(c + 1) * n_tasks / chunks).for_each(f);
-    }
+    };
+    held.into_iter().for_each(&mut run);
     for k in 0..n {
         let owner = (me + k) % n;
         while let Some(c) = claim(shared, epoch, owner, me) {
-            let (f, n_tasks) = job();
-            // Counted before it runs: a panic unwinds through `finished` with it included.
-            finished.chunks += 1;
-            (c * n_tasks / chunks..(c + 1) * n_tasks / chunks).for_each(f);
+            run(c);
         }
     }
 }
