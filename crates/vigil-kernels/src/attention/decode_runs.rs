@@ -24,6 +24,13 @@ pub(super) fn applies(shape: AttnShape, seqs: &[AttnSeq]) -> bool {
         && RUN_KEYS.is_multiple_of(shape.block_size)
 }
 
+/// Below this many key values (keys × KV heads × head size, summed over the sequences) a step
+/// runs on the calling thread. `attention_bench N T 200 decode`, AVX-512 Xeon, per layer on 1
+/// and 2 threads: SmolLM2 (3 × 64) at 16 keys 1.3 and 2.4 µs, 64 keys 2.2 and 3.4, 128 keys 4.3
+/// and 3.9; Qwen3-0.6B (8 × 128) at 16 keys 5.4 and 6.9, 32 keys 7.2 and 7.7, 64 keys 11.4 and
+/// 10.5.
+const PARALLEL_MIN_KEY_VALUES: usize = 24 * 1024;
+
 /// One task: run `run` (the `j`-th) of sequence `si`, for KV heads `kv_heads`.
 struct RunTask {
     si: usize,
@@ -70,8 +77,14 @@ pub(super) fn attend_decode_runs<E: KvElem>(
         })
         .collect();
     let total_runs: usize = seq_runs.iter().map(Vec::len).sum();
+    // The keys every query reads, times the KV width: a short context's whole step costs less
+    // than handing half of it to another thread.
+    let key_values: usize = (seq_runs.iter().flatten())
+        .map(|r| r.len() * shape.num_kv_heads * d)
+        .sum();
+    let serial = key_values < PARALLEL_MIN_KEY_VALUES;
     // Too few runs to keep every thread busy (a short context): split them by KV head too.
-    let split_heads = total_runs < 2 * pool.num_threads();
+    let split_heads = !serial && total_runs < 2 * pool.num_threads();
     let mut tasks = Vec::new();
     for (si, rs) in seq_runs.iter().enumerate() {
         for (j, run) in rs.iter().enumerate() {
@@ -89,7 +102,7 @@ pub(super) fn attend_decode_runs<E: KvElem>(
     let mut partial = vec![0f32; total_runs * shape.num_heads * d];
     let mut stats = vec![(0f32, 0f32); total_runs * shape.num_heads];
     let (partial_ptr, stats_ptr) = (SyncPtr::new(&mut partial), SyncPtr::new(&mut stats));
-    pool.run(tasks.len(), |t| {
+    let run_task = |t: usize| {
         let task = &tasks[t];
         let (p0, p1) = (task.run.start, task.run.end);
         // Key vectors from the run's first block; the last may reach past `p1` to its block's
@@ -142,7 +155,12 @@ pub(super) fn attend_decode_runs<E: KvElem>(
             // value row `d` elements (`key_rows`).
             unsafe { E::weighted_sums_avx2(&outs, &weights, &counts, v_cache, &rows, d, wide) };
         }
-    });
+    };
+    if serial {
+        (0..tasks.len()).for_each(run_task);
+    } else {
+        pool.run(tasks.len(), run_task);
+    }
     for (si, s) in seqs.iter().enumerate() {
         for h in 0..shape.num_heads {
             let o = &mut out[s.query_start * q_dim + h * d..][..d];
