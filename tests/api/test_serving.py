@@ -367,6 +367,32 @@ def test_health_while_loading(gguf):
         server.stop()
 
 
+def resident_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/PID/status")
+
+
+def test_kv_pool_is_mapped_at_start_unless_told_not_to(gguf):
+    """`vigil serve` maps its whole KV pool before it answers (as llama-server clears its KV at
+    start), so no request pays the page faults of blocks the pool hands out for the first time;
+    `--no-kv-prefault` leaves the pool to its first writes. SmolLM2's 256 MiB pool."""
+    rss = {}
+    for name, flags in (("prefault", ()), ("lazy", ("--no-kv-prefault",))):
+        server = start_server(f"kv-{name}", gguf, "--kv-memory", "256MiB", *flags)
+        try:
+            rss[name] = resident_mib(server.proc.pid)
+            log = server.log_tail(1 << 20)
+        finally:
+            server.stop()
+        if name == "prefault":
+            assert "mapped at start" in log, log
+    print(f"resident after start: {rss}")
+    assert rss["prefault"] - rss["lazy"] > 240, rss
+
+
 METRIC_NAMES = [
     "vigil_requests_total", "vigil_prompt_tokens_total", "vigil_generated_tokens_total",
     "vigil_prefix_cached_tokens_total", "vigil_time_to_first_token_seconds", "vigil_inter_token_latency_seconds",

@@ -66,6 +66,22 @@ impl<E: bytemuck::Pod> KvBuf<E> {
         }
     }
 
+    /// Map every page of the buffer now, as writes would, without changing what it holds
+    /// (Linux 5.14 on: `MADV_POPULATE_WRITE`). A server does this once at start, as
+    /// llama-server clears its KV and vLLM allocates its own: otherwise the first write to
+    /// each fresh page faults in the middle of a request, and the page cache walks the whole
+    /// pool before it reuses a block. Returns the bytes mapped; 0 where the OS cannot (pages
+    /// then still come with their first write).
+    pub fn prefault(&self) -> usize {
+        #[cfg(target_os = "linux")]
+        if let Some(map) = &self.map {
+            if map.advise(memmap2::Advice::PopulateWrite).is_ok() {
+                return map.len();
+            }
+        }
+        0
+    }
+
     /// Give back the pages lying wholly inside `elems` (a partial page at either end stays:
     /// it may hold rows still in use). Their contents read as zeros afterwards. Returns the
     /// bytes given back; 0 where the OS cannot (then the rows simply stay).
@@ -180,6 +196,26 @@ mod tests {
         assert_eq!(b[per_page], 2.0);
         assert_eq!(b.release(0..per_page - 1), 0);
         assert!(KvBuf::<f32>::zeroed(0).is_empty());
+    }
+
+    /// A prefault maps every page and keeps what was written (it may run beside writes).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn prefault_maps_every_page_and_keeps_rows() {
+        let Some(page) = page_size() else { return };
+        let per_page = page / 4;
+        let mut b = KvBuf::<f32>::zeroed(per_page * 8);
+        b[per_page * 3] = 7.0;
+        assert_eq!(b.resident_bytes(), Some(page));
+        // Kernels before 5.14 refuse the advice; the buffer then stays lazy.
+        if b.prefault() == 0 {
+            eprintln!("MADV_POPULATE_WRITE unsupported here: the prefault test did not run");
+            return;
+        }
+        assert_eq!(b.resident_bytes(), Some(8 * page));
+        assert_eq!(b[per_page * 3], 7.0);
+        assert_eq!(b.iter().filter(|&&x| x != 0.0).count(), 1);
+        assert_eq!(KvBuf::<f32>::zeroed(0).prefault(), 0);
     }
 
     /// What khugepaged does in the background, done now: `MADV_COLLAPSE` (Linux 6.1 on) makes

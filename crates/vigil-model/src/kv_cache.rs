@@ -92,6 +92,22 @@ impl KvCache {
         }
     }
 
+    /// Map the memory of every layer but `skip` (the sliding-window layers, whose pages are
+    /// given back as the window slides) now: see `KvBuf::prefault`. Returns the bytes mapped.
+    pub fn prefault(&self, skip: &[usize]) -> usize {
+        fn each<E: bytemuck::Pod>(bufs: &[[KvBuf<E>; 2]], skip: &[usize]) -> usize {
+            (bufs.iter().enumerate())
+                .filter(|(l, _)| !skip.contains(l))
+                .flat_map(|(_, kv)| kv.iter())
+                .map(KvBuf::prefault)
+                .sum()
+        }
+        match &self.layers {
+            KvLayers::F16(bufs) => each(bufs, skip),
+            KvLayers::F32(bufs) => each(bufs, skip),
+        }
+    }
+
     /// Ask for small pages for `layers`' buffers (the sliding-window layers, whose pages
     /// `release_blocks` gives back): see `KvBuf::keep_small_pages`.
     pub fn keep_small_pages(&self, layers: &[usize]) {

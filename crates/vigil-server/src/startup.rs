@@ -41,6 +41,9 @@ pub struct EngineOptions {
     /// Tokens of a whole step while a request decodes (at most `max_batched_tokens`).
     pub decode_step_budget: usize,
     pub enable_prefix_cache: bool,
+    /// Map the KV pool's memory at start (`KvCache::prefault`) rather than as rows are first
+    /// written.
+    pub kv_prefault: bool,
     /// Speculative decoding, server-wide (a request may choose its own method).
     pub speculative: vigil_engine::speculative::SpecConfig,
     /// The draft model for `SpecMethod::Draft`, if one was given.
@@ -338,6 +341,19 @@ fn build_state(
         opts.block_size,
         KvDtype::F16,
     );
+    if opts.kv_prefault {
+        // Not the sliding-window layers: their pages go back as the window slides.
+        let local: Vec<usize> = (0..c.num_layers)
+            .filter(|&l| c.layer_window(l).is_some())
+            .collect();
+        let t = Instant::now();
+        let bytes = kv.prefault(&local);
+        tracing::info!(
+            "KV cache: {:.1} MiB mapped at start in {:.2} s",
+            bytes as f64 / (1 << 20) as f64,
+            t.elapsed().as_secs_f64()
+        );
+    }
     let scheduler = SchedulerConfig {
         max_batched_tokens: opts.max_batched_tokens,
         max_lower_tokens_with_foreground: opts.session_step_tokens,

@@ -108,6 +108,11 @@ pub struct ServeArgs {
     /// Turn the prefix cache off (to measure without it).
     #[arg(long)]
     no_prefix_cache: bool,
+    /// Leave the KV pool's memory unmapped until rows are written, instead of mapping all of
+    /// it at start (less memory at first; requests then pay the page faults of every block
+    /// the pool hands out for the first time).
+    #[arg(long)]
+    no_kv_prefault: bool,
     /// Require `Authorization: Bearer KEY` or `x-api-key: KEY` on every route but /health.
     #[arg(long, env = "VIGIL_API_KEY")]
     api_key: Option<String>,
@@ -202,6 +207,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         session_step_budget: args.session_step_budget.max(1),
         decode_step_budget: args.decode_step_budget.max(1),
         enable_prefix_cache: !args.no_prefix_cache,
+        kv_prefault: !args.no_kv_prefault,
         speculative: speculative_config(&args.speculative, args.speculative_max_draft)?,
         draft_model: args.speculative.strip_prefix("draft:").map(PathBuf::from),
     };
@@ -272,7 +278,8 @@ fn default_kv_memory() -> usize {
 }
 
 /// A KV budget the machine cannot hold is refused at start, not discovered when the pool
-/// fills (the pool is allocated lazily, so the kernel would kill the server mid-request).
+/// fills (with `--no-kv-prefault` the pool is mapped as it is written, so the kernel would
+/// kill the server mid-request).
 fn check_fits_memory(flag_value: &str, bytes: usize) -> Result<()> {
     let Some(available) = meminfo("MemAvailable:") else {
         return Ok(());
