@@ -40,9 +40,7 @@ pub struct StepLogits<'a> {
 impl ModelRunner {
     pub fn new(model: Model, kv: KvCache) -> Self {
         let c = &model.config;
-        let local_layers: Vec<usize> = (0..c.num_layers)
-            .filter(|&l| c.layer_window(l).is_some())
-            .collect();
+        let local_layers = c.window_layers();
         // Their pages are given back block by block as the window slides past.
         kv.keep_small_pages(&local_layers);
         ModelRunner {

@@ -125,6 +125,13 @@ impl ModelConfig {
         (l.pattern == 0 || !(i + 1).is_multiple_of(l.pattern)).then_some(l.window)
     }
 
+    /// The local (sliding-window) layers, in order.
+    pub fn window_layers(&self) -> Vec<usize> {
+        (0..self.num_layers)
+            .filter(|&l| self.layer_window(l).is_some())
+            .collect()
+    }
+
     /// Whether layer `i` routes through experts.
     pub fn is_sparse_layer(&self, i: usize) -> bool {
         match &self.moe {

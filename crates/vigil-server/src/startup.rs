@@ -343,11 +343,8 @@ fn build_state(
     );
     if opts.kv_prefault {
         // Not the sliding-window layers: their pages go back as the window slides.
-        let local: Vec<usize> = (0..c.num_layers)
-            .filter(|&l| c.layer_window(l).is_some())
-            .collect();
         let t = Instant::now();
-        let bytes = kv.prefault(&local);
+        let bytes = kv.prefault(&c.window_layers());
         tracing::info!(
             "KV cache: {:.1} MiB mapped at start in {:.2} s",
             bytes as f64 / (1 << 20) as f64,
@@ -368,6 +365,7 @@ fn build_state(
     let speculative = opts.speculative.clone();
     let draft_model = draft.is_some();
     let block_size = opts.block_size;
+    let kv_prefault = opts.kv_prefault;
     let engine = EngineHandle::spawn(move || {
         // Built here: the draft's block pool belongs to the engine thread.
         let draft = draft.map(|mut d| {
@@ -381,6 +379,9 @@ fn build_state(
                 block_size,
                 KvDtype::F16,
             );
+            if kv_prefault {
+                kv.prefault(&c.window_layers());
+            }
             let bytes = kv.num_blocks * kv.block_size * c.num_layers * c.kv_dim() * 4;
             tracing::info!(
                 "draft model: {} MiB of KV for {} tokens",
