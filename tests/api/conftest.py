@@ -383,6 +383,15 @@ def prom_value(text: str, name: str, **labels: str) -> float:
 # ── Sessions (test_sessions.py, test_sessions_events.py) ───────────────────────────────────
 
 
+def proc_status_mib(pid: int, field: str) -> float:
+    """A memory field of /proc/PID/status (`VmRSS`, `VmHWM`, ...) in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 def session_url(server: VigilServer, sid: str, tail: str = "") -> str:
     return f"{server.v1}/sessions/{sid}{tail}"
 

@@ -19,7 +19,7 @@ import uuid
 import httpx
 import pytest
 
-from conftest import TINY, iter_sse, prom_samples, session_url, start_server
+from conftest import TINY, iter_sse, proc_status_mib, prom_samples, session_url, start_server
 
 IDLE_TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 16
@@ -437,11 +437,7 @@ def test_concurrent_arrivals_never_overshoot_the_admission_bound(overload):
 
 
 def vm_hwm_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM in /proc/PID/status")
+    return proc_status_mib(pid, "VmHWM")
 
 
 PEAK_RSS_GROWTH_MIB = 320

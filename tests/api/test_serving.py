@@ -15,7 +15,7 @@ import uuid
 import httpx
 import pytest
 
-from conftest import KV_BLOCK_TOKENS, iter_sse, prom_samples, prom_value, start_server
+from conftest import KV_BLOCK_TOKENS, iter_sse, proc_status_mib, prom_samples, prom_value, start_server
 
 CHAT = "/v1/chat/completions"
 
@@ -367,14 +367,6 @@ def test_health_while_loading(gguf):
         server.stop()
 
 
-def resident_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS in /proc/PID/status")
-
-
 def test_kv_pool_is_mapped_at_start_unless_told_not_to(gguf):
     """`vigil serve` maps its whole KV pool before it answers (as llama-server clears its KV at
     start), so no request pays the page faults of blocks the pool hands out for the first time;
@@ -383,7 +375,7 @@ def test_kv_pool_is_mapped_at_start_unless_told_not_to(gguf):
     for name, flags in (("prefault", ()), ("lazy", ("--no-kv-prefault",))):
         server = start_server(f"kv-{name}", gguf, "--kv-memory", "256MiB", *flags)
         try:
-            rss[name] = resident_mib(server.proc.pid)
+            rss[name] = proc_status_mib(server.proc.pid, "VmRSS")
             log = server.log_tail(1 << 20)
         finally:
             server.stop()
