@@ -440,8 +440,9 @@ fn simd_path_equals_per_key_ops_on_ragged_shapes() {
 fn decode_step_by_runs_equals_per_key_ops() {
     // A decode step (every sequence one row) splits by runs of keys over all KV heads, or by
     // KV head too when the runs are few, or runs on the calling thread when the context is
-    // short (`attention::decode_runs`): the per-key bits all the same, and the bits of the same row batched with a prefill of another sequence (which
-    // takes the tile path), with and without a sliding window, at 2 and 3 threads.
+    // short (`attention::decode_runs`): the per-key bits all the same, and the bits of the
+    // same row batched with a prefill of another sequence (which takes the tile path), with
+    // and without a sliding window, at 2 and 3 threads.
     if !vigil_kernels::cpu::features().avx2_fma_f16c {
         return;
     }

@@ -69,9 +69,9 @@ impl<E: bytemuck::Pod> KvBuf<E> {
     /// Map every page of the buffer now, as writes would, without changing what it holds
     /// (Linux 5.14 on: `MADV_POPULATE_WRITE`). A server does this once at start, as
     /// llama-server clears its KV and vLLM allocates its own: otherwise the first write to
-    /// each fresh page faults in the middle of a request, and the page cache walks the whole
-    /// pool before it reuses a block. Returns the bytes mapped; 0 where the OS cannot (pages
-    /// then still come with their first write).
+    /// each fresh page faults in the middle of a request, and the block pool hands out every
+    /// never-used block before it reuses one. Returns the bytes mapped; 0 where the OS cannot
+    /// (pages then still come with their first write).
     pub fn prefault(&self) -> usize {
         #[cfg(target_os = "linux")]
         if let Some(map) = &self.map {
