@@ -62,6 +62,18 @@ class Bars:
                 print(f"| {figure} | {' · '.join(values)} |")
 
 
+def read_figure(share, dispatches):
+    """One round's decode share of a plain read, and where bench_core printed them, its matmuls
+    replayed alone and the read cut at the step's dispatches, with the decode's share of that cut
+    read (the bar proposed for weights streamed from DRAM: docs/benchmarks.md, "What a decode
+    step's dispatches cost")."""
+    text = f"{share[0]:.0f} % (read {share[3]:.1f} GB/s)"
+    if dispatches:
+        matmuls, by_job = dispatches
+        text += f"; matmuls alone {matmuls:.0f} %, read by job {by_job:.0f} % (decode at {100 * share[0] / by_job:.0f} % of it)"
+    return text
+
+
 def rounds(d, pattern):
     """Round numbers r with a file `pattern % r` in d, in order."""
     found = []
@@ -89,7 +101,7 @@ def core(bars, d, q4_0):
             v = s.vigil(vpath)
             share = s.read_share(vpath)
             if share:
-                reads.append(f"{share[0]:.0f} % (read {share[3]:.1f} GB/s)")
+                reads.append(read_figure(share, s.dispatch_shares(vpath)))
             lb = s.llama(os.path.join(d, f"llama-{f}-fa1-{r}.json"))
             for test, bar in (("pp512", 2.0), ("pp2048", 2.0), ("tg128", 1.5)):
                 if test in v and test in lb:
@@ -117,9 +129,10 @@ def qwen3(bars, d):
     for fmt, label in (("bf16", "BF16"), ("q8_0", "Q8_0")):
         reads = []
         for r in rounds(d, f"vigil-{fmt}-%d.jsonl"):
-            share = s.read_share(os.path.join(d, f"vigil-{fmt}-{r}.jsonl"))
+            vpath = os.path.join(d, f"vigil-{fmt}-{r}.jsonl")
+            share = s.read_share(vpath)
             if share:
-                reads.append(f"{share[0]:.0f} % (read {share[3]:.1f} GB/s)")
+                reads.append(read_figure(share, s.dispatch_shares(vpath)))
         bars.add_read(f"Qwen3-0.6B shape {label}", reads)
         for test in ("pp512", "tg128"):
             values, met = [], []

@@ -67,7 +67,10 @@ def vigil(path):
     for line in open(path):
         line = line.strip()
         if line.startswith("{"):
-            j = json.loads(line); out[j["test"]] = (j["tokens_per_s_median"], j["tokens_per_s_min"], j["tokens_per_s_max"])
+            j = json.loads(line)
+            # `--floor`'s matmul replay and read by job are shares, not tokens per second.
+            if "tokens_per_s_median" in j:
+                out[j["test"]] = (j["tokens_per_s_median"], j["tokens_per_s_min"], j["tokens_per_s_max"])
     return out
 
 def read_share(path):
@@ -80,6 +83,21 @@ def read_share(path):
             if j.get("test") == "tg128-floor":
                 return (j["floor_share_pct_median"], j["floor_share_pct_min"], j["floor_share_pct_max"], j["read_gb_s_median"])
     return None
+
+def dispatch_shares(path):
+    """bench_core --floor's tg128-matmuls and tg128-read-by-job lines: the step's matmuls
+    replayed alone, and the plain read cut at the step's dispatches, each as a share of the plain
+    read in one dispatch (medians, %), or None where the run has neither."""
+    got = {}
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("{"):
+            j = json.loads(line)
+            if j.get("test") in ("tg128-matmuls", "tg128-read-by-job"):
+                got[j["test"]] = j["floor_share_pct_median"]
+    if len(got) < 2:
+        return None
+    return got["tg128-matmuls"], got["tg128-read-by-job"]
 
 def llama(path):
     out = {}

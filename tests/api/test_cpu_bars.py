@@ -76,10 +76,18 @@ def test_bar_edges(tmp_path: Path, readings: str):
     share = {"test": "tg128-floor", "tokens_per_s_median": 1.0, "tokens_per_s_min": 1.0, "tokens_per_s_max": 1.0,
              "floor_share_pct_median": 87.4, "floor_share_pct_min": 86.0, "floor_share_pct_max": 88.0,
              "read_gb_s_median": 31.25}
+    # And its matmuls replayed alone and the read cut at the step's dispatches: shares, with no
+    # tokens/s (the summarizer must skip them as figures).
+    dispatches = [
+        {"test": "tg128-matmuls", "floor_share_pct_median": 80.2, "floor_share_pct_min": 79.0,
+         "floor_share_pct_max": 81.0, "steps_per_s_median": 1.0, "steps_per_s_min": 1.0, "steps_per_s_max": 1.0},
+        {"test": "tg128-read-by-job", "floor_share_pct_median": 95.0, "floor_share_pct_min": 94.0,
+         "floor_share_pct_max": 96.0},
+    ]
     (tmp_path / "vigil-q4_0-1.jsonl").write_text("".join(
         json.dumps({"test": t, "tokens_per_s_median": v, "tokens_per_s_min": v, "tokens_per_s_max": v}) + "\n"
         for t, v in figures.items()
-    ) + json.dumps(share) + "\n")
+    ) + "".join(json.dumps(j) + "\n" for j in [share, *dispatches]))
     tg_peer = figures["tg128"] / 1.5001
     (tmp_path / "llama-q4_0-fa1-1.json").write_text(json.dumps(
         [llama_row(512, 0, 0, 1000.0), llama_row(2048, 0, 0, 500.0), llama_row(0, 128, 0, tg_peer)]
@@ -93,4 +101,7 @@ def test_bar_edges(tmp_path: Path, readings: str):
     assert rows["SmolLM2 Q4_0 decode after 2,048 tokens, share of its weights + KV floor"] == ("74 %", "no")
     assert rows["SmolLM2 Q4_1 pp512 vs llama-bench"] == ("–", "no figure")
     # Reported beside the bars, not counted among them; Q4_1 has no run, so no row.
-    assert read_shares("--core", str(tmp_path), "--q4_0", str(Q4_1)) == {"SmolLM2 Q4_0": "87 % (read 31.2 GB/s)"}
+    # 87.4 % of the read in one dispatch is 92 % of the read cut at the dispatches (95.0 %).
+    assert read_shares("--core", str(tmp_path), "--q4_0", str(Q4_1)) == {
+        "SmolLM2 Q4_0": "87 % (read 31.2 GB/s); matmuls alone 80 %, read by job 95 % (decode at 92 % of it)"
+    }

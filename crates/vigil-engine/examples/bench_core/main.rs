@@ -22,14 +22,25 @@
 //! is its reads' time over its steps' time: the two alternate token by token, so a host whose
 //! memory bandwidth drifts from one minute to the next moves both alike.
 //!
+//! With it, `tg{N}-matmuls` replays a decode step's matmuls alone, in the step's groups and
+//! order with nothing between them (`replay`), against the same plain read: the share of the
+//! floor the matmul structure itself leaves, which the decode's share is bounded by; and
+//! `tg{N}-read-by-job`, the plain read cut into the step's dispatches, one read a dispatch:
+//! the share a decode could reach whose matmuls all read as fast as a plain read.
+//!
 //! `--breakdown` adds, after `pp{N}` and `tg{N}`, one line per part of a step (QKV
 //! projections, attention, MLP, vocabulary projection, ...): its milliseconds per token, its
 //! share of the step and, in decode, the rate its weights were read at (`breakdown`).
 //!
+//! The KV pool is mapped before the first test, as `vigil serve` maps its pool at start (and
+//! llama.cpp clears its KV buffer when it makes a context), so no step pays for first touching
+//! a page; `--no-kv-prefault` leaves the pages to be mapped as rows are first written.
+//!
 //! Usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048] [--depth D]
-//!        [--tg N] [--tg-prompt P] [--floor] [--breakdown]
+//!        [--tg N] [--tg-prompt P] [--floor] [--breakdown] [--no-kv-prefault]
 
 mod breakdown;
+mod replay;
 
 use std::time::{Duration, Instant};
 use vigil_engine::engine::LlmEngine;
@@ -51,7 +62,7 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let model_path = args.get(1).ok_or(
-        "usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048] [--depth D] [--tg N] [--tg-prompt P] [--floor] [--breakdown]",
+        "usage: bench_core MODEL [--threads N] [--reps R] [--quantize q8_0] [--pp 512,2048] [--depth D] [--tg N] [--tg-prompt P] [--floor] [--breakdown] [--no-kv-prefault]",
     )?;
     let depth: Option<usize> = arg(&args, "--depth").map(|v| v.parse()).transpose()?;
     let tg: usize = arg(&args, "--tg").map_or(Ok(128), |v| v.parse())?;
@@ -60,6 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let floor = args.iter().any(|a| a == "--floor");
     let split = args.iter().any(|a| a == "--breakdown");
+    let kv_prefault = !args.iter().any(|a| a == "--no-kv-prefault");
     if floor && tg < 3 {
         return Err("--floor needs --tg of at least 3 (a read between two decode steps)".into());
     }
@@ -110,13 +122,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .into_iter()
         .cloned()
         .collect();
+    let mut replay = floor.then(|| replay::Replay::new(replay::decode_jobs(&model.weights)));
     let pool = model.pool().clone();
     let vocab = model.config.vocab_size as u64;
     let block_size = 16;
     // At least 2 MiB a K or V tensor, as in the server (whose pool, `--kv-memory`, is 2 GiB
     // by default): a tensor smaller than a huge page gets 4 KiB pages (`KvBuf`), and a
-    // decode step then spends ~10 % more on attention after 2,048 tokens. Memory is taken
-    // as rows are written, so the spare blocks cost nothing until used.
+    // decode step then spends ~10 % more on attention after 2,048 tokens.
     let (kv_heads, head_dim) = model.config.kv_shape();
     let block_bytes = block_size * kv_heads * head_dim * 2; // f16
     let kv = KvCache::new(
@@ -126,6 +138,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         block_size,
         KvDtype::F16,
     );
+    if kv_prefault {
+        let t = Instant::now();
+        let bytes = kv.prefault(&model.config.window_layers());
+        eprintln!(
+            "KV cache: {:.1} MiB mapped at start in {:.2} s",
+            bytes as f64 / (1 << 20) as f64,
+            t.elapsed().as_secs_f64()
+        );
+    }
     let config = SchedulerConfig {
         max_batched_tokens: 512,
         enable_prefix_cache: false,
@@ -244,6 +265,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "{{\"engine\": \"vigil\", \"test\": \"tg{tg}-floor\", \"threads\": {threads}, \"reps\": {reps}, \"read_bytes_per_token\": {bytes}, \"floor_share_pct_median\": {:.1}, \"floor_share_pct_min\": {:.1}, \"floor_share_pct_max\": {:.1}, \"tokens_per_s_median\": {:.2}, \"tokens_per_s_min\": {:.2}, \"tokens_per_s_max\": {:.2}, \"read_gb_s_median\": {:.2}, \"read_gb_s_min\": {:.2}, \"read_gb_s_max\": {:.2}}}",
             s.0, s.1, s.2, r.0, r.1, r.2, g.0, g.1, g.2
         );
+        if let Some(replay) = replay.as_mut() {
+            let steps = tg - 1;
+            // Each replayed step, then the same bytes read by job, each against a plain read.
+            let (mut share, mut rate, mut by_job) = (vec![], vec![], vec![]);
+            for _ in 0..reps {
+                let [mut stepping, mut reading, mut job_reading] = [Duration::ZERO; 3];
+                for _ in 0..steps {
+                    let t = Instant::now();
+                    replay.step(&pool);
+                    stepping += t.elapsed();
+                    let t = Instant::now();
+                    std::hint::black_box(plain_read(&pool, &reads));
+                    reading += t.elapsed();
+                    let t = Instant::now();
+                    for job in replay.jobs() {
+                        std::hint::black_box(plain_read(&pool, job.matrices()));
+                    }
+                    job_reading += t.elapsed();
+                }
+                share.push(100.0 * reading.as_secs_f64() / stepping.as_secs_f64());
+                rate.push(steps as f64 / stepping.as_secs_f64());
+                by_job.push(100.0 * reading.as_secs_f64() / job_reading.as_secs_f64());
+            }
+            let (s, r, j) = (med(share), med(rate), med(by_job));
+            println!(
+                "{{\"engine\": \"vigil\", \"test\": \"tg{tg}-matmuls\", \"threads\": {threads}, \"reps\": {reps}, \"floor_share_pct_median\": {:.1}, \"floor_share_pct_min\": {:.1}, \"floor_share_pct_max\": {:.1}, \"steps_per_s_median\": {:.2}, \"steps_per_s_min\": {:.2}, \"steps_per_s_max\": {:.2}}}",
+                s.0, s.1, s.2, r.0, r.1, r.2
+            );
+            println!(
+                "{{\"engine\": \"vigil\", \"test\": \"tg{tg}-read-by-job\", \"threads\": {threads}, \"reps\": {reps}, \"floor_share_pct_median\": {:.1}, \"floor_share_pct_min\": {:.1}, \"floor_share_pct_max\": {:.1}}}",
+                j.0, j.1, j.2
+            );
+        }
     }
     Ok(())
 }
