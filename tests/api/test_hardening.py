@@ -436,10 +436,6 @@ def test_concurrent_arrivals_never_overshoot_the_admission_bound(overload):
 # ── 3. Memory while 8 clients send maximum-size prompts ──────────────────────────────────
 
 
-def vm_hwm_mib(pid: int) -> float:
-    return proc_status_mib(pid, "VmHWM")
-
-
 PEAK_RSS_GROWTH_MIB = 320
 
 
@@ -463,7 +459,7 @@ def test_peak_rss_stays_bounded_while_8_clients_send_maximum_size_prompts(gguf):
         m = re.search(r"than the (\d+) tokens .* longest token is (\d+) bytes", err["message"])
         assert m, err["message"]
         inside = huge[: int(m.group(1)) * int(m.group(2)) - 64]
-        baseline = vm_hwm_mib(server.proc.pid)
+        baseline = proc_status_mib(server.proc.pid, "VmHWM")
 
         def send(i: int, text: str) -> httpx.Response:
             route, body = [
@@ -484,8 +480,8 @@ def test_peak_rss_stays_bounded_while_8_clients_send_maximum_size_prompts(gguf):
                     continue
                 assert 400 <= r.status_code < 500, (r.request.url.path, r.status_code, r.text[:300])
                 assert r.json()["error"]["message"], r.text[:300]
-            print(f"{len(text)} bytes x 8: peak +{vm_hwm_mib(server.proc.pid) - baseline:.0f} MiB")
-        growth = vm_hwm_mib(server.proc.pid) - baseline
+            print(f"{len(text)} bytes x 8: peak +{proc_status_mib(server.proc.pid, 'VmHWM') - baseline:.0f} MiB")
+        growth = proc_status_mib(server.proc.pid, "VmHWM") - baseline
         print(f"peak RSS {baseline:.0f} MiB -> +{growth:.0f} MiB (bound {PEAK_RSS_GROWTH_MIB})")
         assert growth < PEAK_RSS_GROWTH_MIB, f"peak RSS grew by {growth:.0f} MiB"
         r = httpx.post(server.v1 + "/completions", json={"prompt": "a", "max_tokens": 2}, timeout=30)
