@@ -378,16 +378,11 @@ fn run(
         }
         DType::Q4K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            split_rows(
-                pool,
-                parts,
-                align_k(Q4K_GEMM_MIN_ROWS),
-                CHUNKS,
-                |p, r0, r1| {
-                    let wb = blocks_of::<BlockQ4K>(p.w);
-                    rows_k::<Q4KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
-                },
-            );
+            let align = align_k(Q4K_GEMM_MIN_ROWS);
+            split_rows(pool, parts, align, CHUNKS, |p, r0, r1| {
+                let wb = blocks_of::<BlockQ4K>(p.w);
+                rows_k::<Q4KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+            });
         }
         DType::Q5K => {
             let acts = scratch.q8k(pool, how, x, shape);
@@ -398,16 +393,11 @@ fn run(
         }
         DType::Q6K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            split_rows(
-                pool,
-                parts,
-                align_k(Q6K_GEMM_MIN_ROWS),
-                CHUNKS,
-                |p, r0, r1| {
-                    let wb = blocks_of::<BlockQ6K>(p.w);
-                    rows_k::<Q6KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
-                },
-            );
+            let align = align_k(Q6K_GEMM_MIN_ROWS);
+            split_rows(pool, parts, align, CHUNKS, |p, r0, r1| {
+                let wb = blocks_of::<BlockQ6K>(p.w);
+                rows_k::<Q6KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+            });
         }
         #[cfg(target_arch = "x86_64")]
         DType::BF16 if path == Path::Avx512 && cpu::bf16_dots() => {
