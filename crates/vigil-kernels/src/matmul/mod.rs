@@ -41,16 +41,14 @@ const Q6K_GEMM_MIN_ROWS: usize = 16;
 /// The same for the float formats (`avx2_float_gemm`): widening and packing each weight block
 /// pays off from about 8 rows (BF16 1024 × 1024, one thread: at 4 rows the row tiles took
 /// 0.17 ms and the GEMM 0.25 ms; at 8 rows 0.34 ms and 0.28 ms).
-#[cfg(target_arch = "x86_64")]
 const FLOAT_GEMM_MIN_ROWS: usize = 8;
 /// Tasks per thread for the float GEMM: two, not `CHUNKS_PER_THREAD`. Every task copies all
-/// `m × cols` activations into its tiles' layout afresh (`avx2_float_gemm`'s `pack_x`), and
-/// starts its weight rows' prefetch anew. Qwen3-0.6B shape,
-/// BF16, pp512, 2 threads of an AVX-512 Xeon, 3 alternated rounds of four / two / one tasks a
-/// thread: 298-301 / 304-308 / 287-311 tok/s, and beside a CPU-bound process 151-153 / 147-157
-/// / 129-135: with one, the thread left alone cannot take over the busy one's share; with two
-/// it still takes half (`docs/results/float-gemm-tasks-xeon-1206h`).
-#[cfg(target_arch = "x86_64")]
+/// `m × cols` activations into its tiles' layout afresh (`avx2_float_gemm`'s `pack_x`) and
+/// starts its weight rows' prefetch anew. Qwen3-0.6B shape, BF16, pp512, 2 threads of an
+/// AVX-512 Xeon, 3 alternated rounds of four / two / one tasks a thread: 298-301 / 304-308 /
+/// 287-311 tok/s, and beside a CPU-bound process 151-153 / 147-157 / 129-135: with one, the
+/// thread left alone cannot take over the busy one's share; with two it still takes half
+/// (`docs/results/float-gemm-tasks-xeon-1206h`).
 const FLOAT_GEMM_TASKS_PER_THREAD: usize = 2;
 /// Below this much work (weight bytes × activation rows) the call stays on one thread.
 const PARALLEL_MIN_WORK: usize = 64 * 1024;
@@ -247,9 +245,20 @@ fn matmul_on(
 }
 
 /// Call `f(part, r0, r1)` on disjoint, `align`-aligned ranges of each part's weight rows,
-/// covering all of them, spread over the pool's threads as one dispatch of `per_thread` tasks
-/// a thread (`CHUNKS_PER_THREAD` unless the kernel's per-task work says otherwise).
+/// covering all of them, spread over the pool's threads as one dispatch of a few tasks a
+/// thread (`CHUNKS_PER_THREAD`), so a thread the OS has descheduled loses only one.
 fn split_rows(
+    pool: Option<&ThreadPool>,
+    parts: &[Part],
+    align: usize,
+    f: impl Fn(&Part, usize, usize) + Sync,
+) {
+    split_rows_in(pool, parts, align, crate::pool::CHUNKS_PER_THREAD, f)
+}
+
+/// `split_rows` in `per_thread` tasks a thread, for a kernel whose every task repeats work
+/// (the float GEMM's copy of the activations).
+fn split_rows_in(
     pool: Option<&ThreadPool>,
     parts: &[Part],
     align: usize,
@@ -262,7 +271,6 @@ fn split_rows(
     // Units of `align` rows, numbered across the parts in order.
     let units: Vec<usize> = parts.iter().map(|p| p.w.rows.div_ceil(align)).collect();
     let total: usize = units.iter().sum();
-    // A few tasks per thread, so a thread the OS has descheduled loses only one.
     let tasks = (pool.num_threads() * per_thread.max(1)).min(total).max(1);
     pool.run(tasks, |t| {
         let (u0, u1) = (t * total / tasks, (t + 1) * total / tasks);
@@ -311,7 +319,6 @@ fn run(
     scratch: &mut Scratch,
 ) {
     let Some(first) = parts.first() else { return };
-    const CHUNKS: usize = crate::pool::CHUNKS_PER_THREAD;
     let (dtype, cols) = (first.w.dtype, first.w.cols);
     let how = match path {
         Path::Scalar => Quantizer::Portable,
@@ -339,7 +346,7 @@ fn run(
         DType::Q5_0 => debug_assert!(false, "Q5_0 reaches `run` only widened"),
         DType::Q4_0 => {
             let acts = scratch.q8_0(pool, how, x, shape, side);
-            split_rows(pool, parts, align32, CHUNKS, |p, r0, r1| match p.w.layout {
+            split_rows(pool, parts, align32, |p, r0, r1| match p.w.layout {
                 Layout::Rows => {
                     let wb = blocks_of::<BlockQ4_0>(p.w);
                     rows_32::<Q4_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
@@ -352,7 +359,7 @@ fn run(
         }
         DType::Q4_1 => {
             let acts = scratch.q8_1(pool, how, x, shape, side);
-            split_rows(pool, parts, align32, CHUNKS, |p, r0, r1| match p.w.layout {
+            split_rows(pool, parts, align32, |p, r0, r1| match p.w.layout {
                 Layout::Rows => {
                     let wb = blocks_of::<BlockQ4_1>(p.w);
                     rows_32::<Q4_1Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
@@ -365,7 +372,7 @@ fn run(
         }
         DType::Q8_0 => {
             let acts = scratch.q8_0(pool, how, x, shape, side);
-            split_rows(pool, parts, align32, CHUNKS, |p, r0, r1| match p.w.layout {
+            split_rows(pool, parts, align32, |p, r0, r1| match p.w.layout {
                 Layout::Rows => {
                     let wb = blocks_of::<BlockQ8_0>(p.w);
                     rows_32::<Q8_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
@@ -378,23 +385,21 @@ fn run(
         }
         DType::Q4K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            let align = align_k(Q4K_GEMM_MIN_ROWS);
-            split_rows(pool, parts, align, CHUNKS, |p, r0, r1| {
+            split_rows(pool, parts, align_k(Q4K_GEMM_MIN_ROWS), |p, r0, r1| {
                 let wb = blocks_of::<BlockQ4K>(p.w);
                 rows_k::<Q4KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
             });
         }
         DType::Q5K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            split_rows(pool, parts, ROW_ALIGN, CHUNKS, |p, r0, r1| {
+            split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
                 let wb = blocks_of::<BlockQ5K>(p.w);
                 rows_k::<Q5KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
             });
         }
         DType::Q6K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            let align = align_k(Q6K_GEMM_MIN_ROWS);
-            split_rows(pool, parts, align, CHUNKS, |p, r0, r1| {
+            split_rows(pool, parts, align_k(Q6K_GEMM_MIN_ROWS), |p, r0, r1| {
                 let wb = blocks_of::<BlockQ6K>(p.w);
                 rows_k::<Q6KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
             });
@@ -403,7 +408,7 @@ fn run(
         DType::BF16 if path == Path::Avx512 && cpu::bf16_dots() => {
             // SAFETY: the CPU has AVX512_BF16 (checked just above) and the avx512 level.
             let xb = unsafe { scratch.bf16(pool, &x[..m * cols], shape) };
-            split_rows(pool, parts, ROW_ALIGN, CHUNKS, |p, r0, r1| {
+            split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
                 let (w, rows) = (p.w, p.w.rows);
                 let wbytes = &w.data.bytes()[..rows * w.row_bytes()];
                 // SAFETY: as above; this thread owns columns r0..r1 of the output.
@@ -416,15 +421,13 @@ fn run(
         }
         DType::F32 | DType::F16 | DType::BF16 => {
             let x = &x[..m * cols];
-            #[cfg(target_arch = "x86_64")]
+            // The SIMD paths take the GEMM from FLOAT_GEMM_MIN_ROWS rows (`paths::rows_float`).
             let per_thread = if side && m >= FLOAT_GEMM_MIN_ROWS {
                 FLOAT_GEMM_TASKS_PER_THREAD
             } else {
-                CHUNKS
+                crate::pool::CHUNKS_PER_THREAD
             };
-            #[cfg(not(target_arch = "x86_64"))]
-            let per_thread = CHUNKS;
-            split_rows(pool, parts, ROW_ALIGN, per_thread, |p, r0, r1| {
+            split_rows_in(pool, parts, ROW_ALIGN, per_thread, |p, r0, r1| {
                 let (w, rows) = (p.w, p.w.rows);
                 let x8 = w.layout == Layout::Interleaved8;
                 let stored = if x8 { rows.div_ceil(8) * 8 } else { rows };
