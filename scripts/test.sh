@@ -40,6 +40,8 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test (builds the workspace and the vigil binary once)"
 cargo test --workspace --lib --bins --tests 2>&1 | tee .cache/test.log
+# Where the CPU has AMX the quantized GEMM runs on it by default; check the AVX-512 GEMM too.
+VIGIL_AMX=0 cargo test -p vigil-kernels --test matmul_isa 2>&1 | tee -a .cache/test.log
 target_dir=${CARGO_TARGET_DIR:-target}
 case "$target_dir" in /*) ;; *) target_dir="$PWD/$target_dir" ;; esac
 export VIGIL_BIN="$target_dir/debug/vigil"

@@ -21,6 +21,9 @@
 //!   5.4–6.7 (`examples/bf16_dot_rate.rs`), so its 32 multiply-adds per instruction give
 //!   0.5–0.67× the FMA's, and the BF16 GEMM on it runs at about 200 GFLOP/s against the f32
 //!   path's 270–280.
+//! - `VIGIL_AMX=0` keeps the Q8_0 prefill GEMM off AMX ([`amx_int8`]) on a CPU that has it;
+//!   it uses it by default at the `avx512` level. It changes only speed: the AMX GEMM gives
+//!   the same bits as the AVX-512 one (`quant::dot::amx_gemm`).
 
 use std::sync::OnceLock;
 
@@ -144,6 +147,45 @@ pub fn bf16_dots() -> bool {
     *ON.get_or_init(|| {
         avx512_bf16() && std::env::var("VIGIL_BF16_DOTS").is_ok_and(|v| v.trim() == "1")
     })
+}
+
+/// Whether the Q8_0 prefill GEMM runs its integer dots on AMX tiles
+/// (`quant::dot::amx_gemm`): a call at the `avx512` level, on a CPU with AMX-TILE and
+/// AMX-INT8 whose kernel grants this process the tile state, unless `VIGIL_AMX=0` (all read
+/// once per process).
+pub fn amx_int8() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        features().has(Isa::Avx512)
+            && !std::env::var("VIGIL_AMX").is_ok_and(|v| v.trim() == "0")
+            && amx_granted()
+    })
+}
+
+/// AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24, 25), and the tile data state granted by
+/// the kernel (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, Linux 5.16 on; the
+/// grant holds for every thread of the process).
+fn amx_granted() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+        let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: asks for a permission; no memory is passed.
+        tile && int8
+            && unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                )
+            } == 0
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
+    }
 }
 
 /// What the CPU supports, ignoring the environment: for tests that run one path on purpose.

@@ -8,6 +8,10 @@
 //!
 //! A level the CPU lacks is skipped with a "skipped: CPU lacks ..." line on stderr, so the
 //! suite passes on machines with and without AVX-512 (run with `--nocapture` to see it).
+//! Where the CPU has AMX, the AVX-512 level's Q8_0 GEMM runs its integer dots on AMX tiles
+//! (`amx_gemm`) from 16 activation rows; `scripts/test.sh` runs this file again
+//! with `VIGIL_AMX=0` so that the AVX-512 GEMM itself is checked there too. Each run says on
+//! stderr which one it checked.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -106,6 +110,16 @@ fn level_matches_scalar(isa: Isa, seed: u64) {
     if !cpu::detected().has(isa) {
         eprintln!("skipped: CPU lacks {}", isa.name());
         return;
+    }
+    if isa == Isa::Avx512 {
+        eprintln!(
+            "avx512: the Q8_0 GEMM from 16 rows runs {}",
+            if cpu::amx_int8() {
+                "on AMX tiles (amx_gemm)"
+            } else {
+                "on AVX-512 VNNI (avx512_gemm; no AMX, or VIGIL_AMX=0)"
+            }
+        );
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];

@@ -31,6 +31,10 @@ const ROW_ALIGN: usize = 8;
 /// (`avx2_kgemm`, `avx512_kgemm`); below it (decode), the row tiles that stream the weights in
 /// place.
 const GEMM_MIN_ROWS: usize = 4;
+/// From this many, where `cpu::amx_int8` allows, the Q8_0 GEMM takes its integer dots on AMX
+/// tiles (`amx_gemm`), whose tiles are 16 activation rows (fewer run on `avx512_gemm`'s
+/// tiles, one row at a time).
+const AMX_MIN_ROWS: usize = 16;
 /// The same for Q4_K and Q6_K (`avx2_kgemm`, `avx512_kgemm`), whose packing costs more per
 /// weight (Q6_K's most: its 6-bit quants are rebuilt from two planes). Gemma 3 270M's shapes
 /// (640 × 1024 and 640 × 2048), one thread, AVX-512: Q4_K at 4 rows 0.194 ms against the row

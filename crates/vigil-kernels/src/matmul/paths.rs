@@ -5,7 +5,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::FLOAT_GEMM_MIN_ROWS;
-use super::{Path, GEMM_MIN_ROWS, Q4K_GEMM_MIN_ROWS, Q6K_GEMM_MIN_ROWS};
+use super::{Path, AMX_MIN_ROWS, GEMM_MIN_ROWS, Q4K_GEMM_MIN_ROWS, Q6K_GEMM_MIN_ROWS};
 use crate::cpu::Isa;
 use crate::pool::SyncPtr;
 use crate::quant::blocks::*;
@@ -35,9 +35,10 @@ pub(super) trait Fmt32Path {
 
 /// `$fmt`: the format's marker type in `quant::dot::avx2`, which every kernel is generic
 /// over. From `GEMM_MIN_ROWS` activation rows on, the repacked-weight GEMM kernel of the
-/// level; below that, the AVX2 row tiles.
+/// level (`$amx`, Q8_0's, from `AMX_MIN_ROWS` where `cpu::amx_int8` allows); below that, the
+/// row tiles.
 macro_rules! fmt32 {
-    ($name:ident, $w:ty, $a:ty, $dot:path, $fmt:ty) => {
+    ($name:ident, $w:ty, $a:ty, $dot:path, $fmt:ty $(, $amx:ident)?) => {
         pub(super) struct $name;
         impl Fmt32Path for $name {
             type W = $w;
@@ -63,6 +64,11 @@ macro_rules! fmt32 {
                         _ => avx2::matmul_rows::<$fmt>(w, rows, acts, r0, r1, out),
                     };
                 }
+                // Q8_0 (`$amx`: `amx_gemm`) takes AMX where the CPU has it.
+                $(if isa == Isa::Avx512 && acts.m >= AMX_MIN_ROWS && crate::cpu::amx_int8() {
+                    use crate::quant::dot::$amx;
+                    return $amx::matmul_rows::<$fmt>(w, rows, acts, r0, r1, out);
+                })?
                 match isa {
                     Isa::Avx512 => avx512_gemm::matmul_rows::<$fmt>(w, rows, acts, r0, r1, out),
                     Isa::AvxVnni => {
@@ -94,7 +100,8 @@ fmt32!(
     BlockQ8_0,
     BlockQ8_0,
     scalar::dot_q8_0_q8_0,
-    crate::quant::dot::avx2::Q8_0
+    crate::quant::dot::avx2::Q8_0,
+    amx_gemm
 );
 
 pub(super) fn rows_32<F: Fmt32Path>(
@@ -149,7 +156,7 @@ pub(super) trait Fmt32x8: Fmt32Path<W: Interleave> {
 /// `avx2_q8_decode`); prefill runs the level's GEMM, whose packing from them is loads (`X8`:
 /// `avx2_gemm::Group8`, `avx2_gemm_q8::Q8Group`).
 macro_rules! fmt32x8 {
-    ($name:ident, $fmt:ty) => {
+    ($name:ident, $fmt:ty $(, $amx:ident)?) => {
         impl Fmt32x8 for $name {
             #[cfg(target_arch = "x86_64")]
             unsafe fn simd_rows_x8(
@@ -170,6 +177,10 @@ macro_rules! fmt32x8 {
                         _ => avx2_q4_decode::matmul_rows_x8::<$fmt>(w, rows, acts, r0, r1, out),
                     };
                 }
+                $(if isa == Isa::Avx512 && acts.m >= AMX_MIN_ROWS && crate::cpu::amx_int8() {
+                    use crate::quant::dot::$amx;
+                    return $amx::matmul_rows::<X8<$fmt>>(w, rows, acts, r0, r1, out);
+                })?
                 match isa {
                     Isa::Avx512 => avx512_gemm::matmul_rows::<X8<$fmt>>(w, rows, acts, r0, r1, out),
                     Isa::AvxVnni => {
@@ -184,7 +195,7 @@ macro_rules! fmt32x8 {
 
 fmt32x8!(Q4_0Fmt, crate::quant::dot::avx2::Q4_0);
 fmt32x8!(Q4_1Fmt, crate::quant::dot::avx2::Q4_1);
-fmt32x8!(Q8_0Fmt, crate::quant::dot::avx2::Q8_0);
+fmt32x8!(Q8_0Fmt, crate::quant::dot::avx2::Q8_0, amx_gemm);
 
 /// `rows_32` for an interleaved matrix: `w` its groups (`r0` a multiple of 8). The scalar
 /// path takes each group back to rows and runs the row-major dot.

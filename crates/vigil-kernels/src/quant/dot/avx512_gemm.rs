@@ -49,8 +49,8 @@ pub struct Packed16 {
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 pub struct Packed16Q8 {
-    d: [f32; 16],
-    qs: [[i8; 64]; 8],
+    pub(super) d: [f32; 16],
+    pub(super) qs: [[i8; 64]; 8],
 }
 
 /// The 16-row kernel for weight format `F` (`avx2::Q4_0`, `Q4_1` or `Q8_0`).
@@ -141,7 +141,13 @@ unsafe fn pack_q4<G: Group8>(w: &[G::W], nb: usize, j0: usize, r1: usize, out: &
 
 /// Repack weight rows `j0..j0 + 16` (rows `>= r1` repeat row `r1 - 1`) into `out[..nb]`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pack_q8<S: Q8Group>(w: &[S::W], nb: usize, j0: usize, r1: usize, out: &mut [Packed16Q8]) {
+pub(super) unsafe fn pack_q8<S: Q8Group>(
+    w: &[S::W],
+    nb: usize,
+    j0: usize,
+    r1: usize,
+    out: &mut [Packed16Q8],
+) {
     let (ra, rb) = (S::group(w, nb, j0, r1), S::group(w, nb, j0 + 8, r1));
     for (b, p) in out[..nb].iter_mut().enumerate() {
         let (va, da) = S::block(ra, b);
@@ -212,7 +218,7 @@ unsafe fn tile_q4<F: Nibble32, const R: usize>(
 /// Q8_0: the `R × 16` outputs of activation rows `i0..i0 + R` against one group.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile_q8<const R: usize>(
+pub(super) unsafe fn tile_q8<const R: usize>(
     pk: &[Packed16Q8],
     acts: &Acts32<BlockQ8_0>,
     i0: usize,
@@ -250,7 +256,7 @@ unsafe fn tile_q8<const R: usize>(
 /// Write the first `n <= 16` lanes of `v` to `dst[..n]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn store16(dst: *mut f32, v: __m512, n: usize) {
+pub(super) unsafe fn store16(dst: *mut f32, v: __m512, n: usize) {
     _mm512_mask_storeu_ps(dst, ((1u32 << n) - 1) as __mmask16, v)
 }
 

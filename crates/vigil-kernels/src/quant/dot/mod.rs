@@ -8,7 +8,8 @@
 //! in the same order on every path, so the scalar path (`scalar`), the AVX2 kernels (`avx2`,
 //! `avx2_gemm`, `avx2_gemm_q8`, `avx2_k`) and the VNNI kernels (`vnni`: the AVX2 row tiles
 //! and k-quant kernels compiled with 256-bit `vpdpbusd` / `vpdpwssd`; `vnni_gemm`: the
-//! AVX-VNNI GEMM; `avx512_gemm`: the 16-row AVX-512 VNNI GEMM) give bit-identical results,
+//! AVX-VNNI GEMM; `avx512_gemm`: the 16-row AVX-512 VNNI GEMM; `amx_gemm`: the same GEMM
+//! with its blocks' integer dots on AMX tiles) give bit-identical results,
 //! and a result does not depend on which tile shape, ISA or thread computed it. The integer
 //! steps differ (`maddubs` + `madd` through i16, `vpdpbusd` straight to i32, offsets such as
 //! Q4_0's `-8 · Σy` applied first or last) but each kernel keeps every intermediate in range,
@@ -23,6 +24,8 @@
 
 pub mod scalar;
 
+#[cfg(target_arch = "x86_64")]
+pub mod amx_gemm;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
