@@ -8,7 +8,7 @@
 //! the 4-byte groups of every column), so a block's 8 vectors load as one 8 × 64-byte tile.
 //! The A operand is the 16 activation rows' 32 quants of the block, copied side by side once
 //! per 128-row chunk (`ATile`: 8 aligned lines; read in place, each row's 32 bytes sit an
-//! activation row apart and often straddle two lines, and the layer's matmuls were 5-10 % slower).
+//! activation row apart and often straddle two lines: the layer 5-10 % slower).
 //!
 //! Per block, `tdpbssd` gives each (activation row, weight row) pair its exact integer dot in
 //! a 16 × 16 i32 tile (the same integer the VNNI chains reach from `-128 · Σy`); the tile is
@@ -20,9 +20,9 @@
 //! shape's layer at 512 rows ×1.31–1.36 (`matmul_bench 512 2 10 q8_0x8`), its Q8_0 pp512
 //! ×1.09–1.24. A block's dot is one instruction, but its tile must be stored and reloaded to
 //! be folded, and that round trip, not the dot, sets the pace: four blocks' dots in flight at
-//! once, or the next block's dot started before this one's fold, were no faster. SmolLM2's
-//! Q4_0 GEMM on the same scheme (`tdpbsud` on the unsigned nibbles, activations read in place)
-//! was no faster end to end than `avx512_gemm`, so Q4 stays there.
+//! once, or the next block's dot started before this one's fold, were no faster. Q4 on the
+//! same scheme (`tdpbsud` on the unsigned nibbles) was level for Q4_0 and 4-9 % faster for
+//! Q4_1 on SmolLM2's layer, so Q4 stays on `avx512_gemm`.
 //!
 //! Tiles of fewer than 16 activation rows (a chunk's last rows) run `avx512_gemm`'s tile.
 //! Tile instructions are written as inline assembly (Rust's AMX intrinsics are unstable); the
