@@ -16,11 +16,14 @@
 //! `avx512_gemm::tile_q8` does, so the float operations and their order are unchanged: only
 //! the integer step moved.
 //!
-//! What it gains (Emerald Rapids, 2 threads, `docs/results/amx-q8-xeon-1206i`): the Qwen3-0.6B
-//! shape's layer at 512 rows ×1.31–1.36 (`matmul_bench 512 2 10 q8_0x8`), its Q8_0 pp512
-//! ×1.09–1.24. A block's dot is one instruction, but its tile must be stored and reloaded to
-//! be folded, and that round trip, not the dot, sets the pace: four blocks' dots in flight at
-//! once, or the next block's dot started before this one's fold, were no faster. Q4 on the
+//! The fold needs the tile in memory, and a store followed at once by its reload sets the
+//! pace, so blocks alternate between two tile sets and each block's dots are stored one block
+//! before they are folded: block `b + 1`'s store and block `b + 2`'s dot overlap block `b`'s
+//! fold (8-16 % faster than storing each block just before its fold).
+//!
+//! What it gains (Emerald Rapids, 2 threads, `docs/results/amx-q8-xeon-1206i`), before that
+//! overlap: the Qwen3-0.6B shape's layer at 512 rows ×1.31–1.36 (`matmul_bench 512 2 10
+//! q8_0x8`), its Q8_0 pp512 ×1.09–1.24. Four blocks' dots at once were no faster. Q4 on the
 //! same scheme (`tdpbsud` on the unsigned nibbles) was level for Q4_0 and 4-9 % faster for
 //! Q4_1 on SmolLM2's layer, so Q4 stays on `avx512_gemm`.
 //!
@@ -45,19 +48,20 @@ use std::cell::RefCell;
 /// Activation rows per tile: a tile register's 16 rows.
 const MR: usize = 16;
 
-/// The tile configuration (palette 1): tmm0, the i32 dots (16 rows × 16 lanes); tmm1, the
-/// activations (16 rows × 32 bytes); tmm2, the weights (8 rows × 64 bytes).
+/// The tile configuration (palette 1), two sets of three tiles: tmm0 and tmm3, the i32 dots
+/// (16 rows × 16 lanes); tmm1 and tmm6, the activations (16 rows × 32 bytes); tmm2 and tmm7,
+/// the weights (8 rows × 64 bytes). tmm4 and tmm5 are unused.
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
 static CONFIG: TileConfig = {
     let mut c = [0u8; 64];
     c[0] = 1;
-    // Bytes per row of tmm0..tmm2 (u16 each from byte 16), then rows (u8 each from byte 48).
-    let colsb: [u16; 3] = [64, 32, 64];
-    let rows: [u8; 3] = [16, 16, 8];
+    // Bytes per row of tmm0..tmm7 (u16 each from byte 16), then rows (u8 each from byte 48).
+    let colsb: [u16; 8] = [64, 32, 64, 64, 0, 0, 32, 64];
+    let rows: [u8; 8] = [16, 16, 8, 16, 0, 0, 16, 8];
     let mut t = 0;
-    while t < 3 {
+    while t < 8 {
         c[16 + 2 * t] = colsb[t] as u8;
         c[17 + 2 * t] = (colsb[t] >> 8) as u8;
         c[48 + t] = rows[t];
@@ -70,35 +74,46 @@ static CONFIG: TileConfig = {
 #[repr(C, align(64))]
 struct Dots([[i32; 16]; 16]);
 
-/// The integer step of one block: `dots[i][n] = Σ_k a_i[k] · w_n[k]` over the block's 32
-/// quants, activations `a` (16 rows `a_stride` bytes apart) against the packed weights `w`
-/// (8 rows of 64 bytes), all signed bytes.
+/// Start one block's integer dots in tile set `P` (0: tmm0 from tmm1 × tmm2; 1: tmm3 from
+/// tmm6 × tmm7): `Σ_k a_i[k] · w_n[k]` over the block's 32 quants, the A tile `a` (16 rows of
+/// 32 bytes) against the packed weights `w` (8 rows of 64 bytes), all signed bytes.
 ///
 /// # Safety
-/// The tile configuration is loaded (`CONFIG`); `a` addresses 16 rows of 32 bytes, `w` 512
-/// bytes.
+/// The tile configuration is loaded (`CONFIG`); `a` addresses 512 bytes, `w` 512.
 #[inline(always)]
-unsafe fn block_dots(a: *const i8, a_stride: usize, w: *const u8, dots: &mut Dots) {
-    asm!(
-        "tilezero tmm0",
-        "tileloadd tmm1, [{a} + {sa}*1]",
-        "tileloadd tmm2, [{w} + {sw}*1]",
-        a = in(reg) a,
-        sa = in(reg) a_stride,
-        w = in(reg) w,
-        sw = in(reg) 64usize,
-        options(nostack, readonly, preserves_flags),
-    );
-    asm!(
-        "tdpbssd tmm0, tmm1, tmm2",
-        options(nostack, nomem, preserves_flags)
-    );
-    asm!(
-        "tilestored [{d} + {s}*1], tmm0",
-        d = in(reg) dots.0.as_mut_ptr(),
-        s = in(reg) 64usize,
-        options(nostack, preserves_flags),
-    );
+unsafe fn start<const P: usize>(a: *const i8, w: *const u8) {
+    if P == 0 {
+        asm!(
+            "tilezero tmm0",
+            "tileloadd tmm1, [{a} + {sa}*1]",
+            "tileloadd tmm2, [{w} + {sw}*1]",
+            "tdpbssd tmm0, tmm1, tmm2",
+            a = in(reg) a, sa = in(reg) 32usize, w = in(reg) w, sw = in(reg) 64usize,
+            options(nostack, readonly, preserves_flags),
+        );
+    } else {
+        asm!(
+            "tilezero tmm3",
+            "tileloadd tmm6, [{a} + {sa}*1]",
+            "tileloadd tmm7, [{w} + {sw}*1]",
+            "tdpbssd tmm3, tmm6, tmm7",
+            a = in(reg) a, sa = in(reg) 32usize, w = in(reg) w, sw = in(reg) 64usize,
+            options(nostack, readonly, preserves_flags),
+        );
+    }
+}
+
+/// Store tile set `P`'s dots, row by row.
+///
+/// # Safety
+/// The tile configuration is loaded and `start::<P>` ran since the last store of `P`.
+#[inline(always)]
+unsafe fn store<const P: usize>(dots: &mut Dots) {
+    if P == 0 {
+        asm!("tilestored [{d} + {s}*1], tmm0", d = in(reg) dots.0.as_mut_ptr(), s = in(reg) 64usize, options(nostack, preserves_flags));
+    } else {
+        asm!("tilestored [{d} + {s}*1], tmm3", d = in(reg) dots.0.as_mut_ptr(), s = in(reg) 64usize, options(nostack, preserves_flags));
+    }
 }
 
 /// Activation rows per pass over a thread's weight groups (as `gemm_driver`'s): their A
@@ -143,25 +158,48 @@ unsafe fn tile_q8(
     i0: usize,
 ) -> [__m512; MR] {
     let (m, nb) = (acts.m, acts.nb);
-    let mut dots = Dots([[0; 16]; 16]);
+    let mut dots = [Dots([[0; 16]; 16]), Dots([[0; 16]; 16])];
     let mut acc = [_mm512_setzero_ps(); MR];
-    for b in 0..nb {
+    let ab = |b: usize| a.as_ptr().add(b).cast::<i8>();
+    let wb = |b: usize| pk[b].qs.as_ptr().cast::<u8>();
+    // Block b's dots run in tile set b % 2 and are stored a block before they are folded.
+    start::<0>(ab(0), wb(0));
+    if nb > 1 {
+        start::<1>(ab(1), wb(1));
+    }
+    store::<0>(&mut dots[0]);
+    let mut fold = |b: usize, d: &Dots| {
         let p = &*pk.as_ptr().add(b);
-        block_dots(
-            a.as_ptr().add(b).cast(),
-            32,
-            p.qs.as_ptr().cast(),
-            &mut dots,
-        );
         let side = b * m + i0;
         let dx = _mm512_load_ps(p.d.as_ptr());
         for i in 0..MR {
             // super::acc_q8 per lane, as avx512_gemm::tile_q8.
-            let sumi = _mm512_load_si512(dots.0[i].as_ptr().cast());
+            let sumi = _mm512_load_si512(d.0[i].as_ptr().cast());
             let dy = _mm512_set1_ps(*acts.d.get_unchecked(side + i));
             let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dx, dy));
             acc[i] = _mm512_add_ps(acc[i], t);
         }
+    };
+    let mut b = 0;
+    while b < nb {
+        // b even: its dots are in dots[0]; b + 1's in tile set 1.
+        if b + 2 < nb {
+            start::<0>(ab(b + 2), wb(b + 2));
+        }
+        fold(b, &dots[0]);
+        if b + 1 < nb {
+            store::<1>(&mut dots[1]);
+        } else {
+            break;
+        }
+        if b + 3 < nb {
+            start::<1>(ab(b + 3), wb(b + 3));
+        }
+        fold(b + 1, &dots[1]);
+        if b + 2 < nb {
+            store::<0>(&mut dots[0]);
+        }
+        b += 2;
     }
     acc
 }
