@@ -82,24 +82,25 @@ struct Dots([[i32; 16]; 16]);
 /// The tile configuration is loaded (`CONFIG`); `a` addresses 512 bytes, `w` 512.
 #[inline(always)]
 unsafe fn start<const P: usize>(a: *const i8, w: *const u8) {
+    macro_rules! dot {
+        ($c:literal, $x:literal, $y:literal) => {
+            asm!(
+                concat!("tilezero ", $c),
+                concat!("tileloadd ", $x, ", [{a} + {sa}*1]"),
+                concat!("tileloadd ", $y, ", [{w} + {sw}*1]"),
+                concat!("tdpbssd ", $c, ", ", $x, ", ", $y),
+                a = in(reg) a,
+                sa = in(reg) 32usize,
+                w = in(reg) w,
+                sw = in(reg) 64usize,
+                options(nostack, readonly, preserves_flags),
+            )
+        };
+    }
     if P == 0 {
-        asm!(
-            "tilezero tmm0",
-            "tileloadd tmm1, [{a} + {sa}*1]",
-            "tileloadd tmm2, [{w} + {sw}*1]",
-            "tdpbssd tmm0, tmm1, tmm2",
-            a = in(reg) a, sa = in(reg) 32usize, w = in(reg) w, sw = in(reg) 64usize,
-            options(nostack, readonly, preserves_flags),
-        );
+        dot!("tmm0", "tmm1", "tmm2");
     } else {
-        asm!(
-            "tilezero tmm3",
-            "tileloadd tmm6, [{a} + {sa}*1]",
-            "tileloadd tmm7, [{w} + {sw}*1]",
-            "tdpbssd tmm3, tmm6, tmm7",
-            a = in(reg) a, sa = in(reg) 32usize, w = in(reg) w, sw = in(reg) 64usize,
-            options(nostack, readonly, preserves_flags),
-        );
+        dot!("tmm3", "tmm6", "tmm7");
     }
 }
 
@@ -109,10 +110,20 @@ unsafe fn start<const P: usize>(a: *const i8, w: *const u8) {
 /// The tile configuration is loaded and `start::<P>` ran since the last store of `P`.
 #[inline(always)]
 unsafe fn store<const P: usize>(dots: &mut Dots) {
+    macro_rules! store {
+        ($c:literal) => {
+            asm!(
+                concat!("tilestored [{d} + {s}*1], ", $c),
+                d = in(reg) dots.0.as_mut_ptr(),
+                s = in(reg) 64usize,
+                options(nostack, preserves_flags),
+            )
+        };
+    }
     if P == 0 {
-        asm!("tilestored [{d} + {s}*1], tmm0", d = in(reg) dots.0.as_mut_ptr(), s = in(reg) 64usize, options(nostack, preserves_flags));
+        store!("tmm0");
     } else {
-        asm!("tilestored [{d} + {s}*1], tmm3", d = in(reg) dots.0.as_mut_ptr(), s = in(reg) 64usize, options(nostack, preserves_flags));
+        store!("tmm3");
     }
 }
 
