@@ -191,26 +191,24 @@ unsafe fn tile_q8(
             acc[i] = _mm512_add_ps(acc[i], t);
         }
     };
-    let mut b = 0;
-    while b < nb {
-        // b even: its dots are in dots[0]; b + 1's in tile set 1.
-        if b + 2 < nb {
-            start::<0>(ab(b + 2), wb(b + 2));
-        }
-        fold(b, &dots[0]);
+    // Block `b` in tile set `P`: its dots are in `dots[P]`, block `b + 1`'s run in set `Q`.
+    macro_rules! block {
+        ($b:expr, $p:literal, $q:literal) => {{
+            let b = $b;
+            if b + 2 < nb {
+                start::<$p>(ab(b + 2), wb(b + 2));
+            }
+            fold(b, &dots[$p]);
+            if b + 1 < nb {
+                store::<$q>(&mut dots[$q]);
+            }
+        }};
+    }
+    for b in (0..nb).step_by(2) {
+        block!(b, 0, 1);
         if b + 1 < nb {
-            store::<1>(&mut dots[1]);
-        } else {
-            break;
+            block!(b + 1, 1, 0);
         }
-        if b + 3 < nb {
-            start::<1>(ab(b + 3), wb(b + 3));
-        }
-        fold(b + 1, &dots[1]);
-        if b + 2 < nb {
-            store::<0>(&mut dots[0]);
-        }
-        b += 2;
     }
     acc
 }
