@@ -1,32 +1,21 @@
-//! Memory read bandwidth, for the decode floor of scripts/bench_qwen3_shape.sh (weight bytes per
-//! token / bandwidth): N threads each stream-sum their own slice of a buffer far larger than L3,
-//! best of several passes. Prints one JSON line.
+//! Memory read bandwidth, for the decode floors of scripts/bench_decode_vs_llamabench.sh and
+//! scripts/bench_qwen3_shape.sh (weight bytes per token / bandwidth): the kernel pool's threads
+//! each read their own slice of a buffer far larger than L3 with `plain_read::sum` (the widest
+//! loads, a prefetch ahead), the buffer in huge pages as loaded weights are, best of several
+//! passes. Prints one JSON line.
 //!
 //! Usage: mem_bandwidth [--threads N] [--mib SIZE] [--passes P]
 
-use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
+use vigil_kernels::plain_read;
+use vigil_kernels::pool::ThreadPool;
+use vigil_kernels::storage::resident_copy;
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1).cloned())
-}
-
-/// Four independent accumulators so the adds are not one serial dependency chain.
-fn stream_sum(xs: &[u64]) -> u64 {
-    let mut acc = [0u64; 4];
-    let mut chunks = xs.chunks_exact(4);
-    for c in &mut chunks {
-        for (a, x) in acc.iter_mut().zip(c) {
-            *a = a.wrapping_add(*x);
-        }
-    }
-    let tail = chunks
-        .remainder()
-        .iter()
-        .fold(0u64, |a, x| a.wrapping_add(*x));
-    acc.iter().fold(tail, |a, x| a.wrapping_add(*x))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -37,23 +26,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if threads == 0 || mib == 0 || passes == 0 {
         return Err("--threads, --mib and --passes must be positive".into());
     }
-    // Non-zero contents, written once, so every page is really backed before timing.
-    let buf: Vec<u64> = (0..mib * (1 << 20) / 8).map(|i| i as u64).collect();
-    let slice_len = buf.len().div_ceil(threads);
+    // Non-zero contents written into every MiB, so every page is backed before timing.
+    let pattern: Vec<u8> = (0..1u32 << 20).map(|i| (i * 131 + 7) as u8).collect();
+    let parts: Vec<(usize, &[u8])> = (0..mib).map(|m| (m << 20, &pattern[..])).collect();
+    let buf = resident_copy(mib << 20, &parts)?;
+    let pool = ThreadPool::new(threads);
+    let sums: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
     let mut best = f64::INFINITY;
     for _ in 0..passes {
         let start = Instant::now();
-        std::thread::scope(|s| {
-            for part in buf.chunks(slice_len) {
-                s.spawn(move || black_box(stream_sum(black_box(part))));
-            }
+        pool.run(threads, |i| {
+            let (lo, hi) = (i * buf.len() / threads, (i + 1) * buf.len() / threads);
+            sums[i].store(plain_read::sum(&buf[lo..hi]), Ordering::Relaxed);
         });
         best = best.min(start.elapsed().as_secs_f64());
     }
-    let bytes = (buf.len() * 8) as f64;
+    std::hint::black_box(sums.iter().map(|s| s.load(Ordering::Relaxed)).sum::<u64>());
     println!(
-        "{{\"bandwidth_gb_s\": {:.2}, \"method\": \"Rust stream sum (mem_bandwidth example), {threads} threads, {mib} MiB buffer, best of {passes}\"}}",
-        bytes / best / 1e9
+        "{{\"bandwidth_gb_s\": {:.2}, \"method\": \"plain_read::sum (widest loads, prefetch ahead) on {threads} pool threads, {mib} MiB in huge pages, best of {passes}\"}}",
+        buf.len() as f64 / best / 1e9
     );
     Ok(())
 }

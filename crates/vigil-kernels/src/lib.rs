@@ -11,6 +11,7 @@ pub mod cpu;
 pub mod dtype;
 pub mod matmul;
 pub mod ops;
+pub mod plain_read;
 pub mod pool;
 pub mod quant;
 pub mod storage;

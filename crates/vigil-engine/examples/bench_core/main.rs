@@ -303,47 +303,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// The kernel threads sum the bytes of `mats` in one dispatch, each its own contiguous share of
-/// them in order (long sequential runs, the most favourable read): the bytes a decode token's
-/// matmuls read, read as fast as this host reads memory right now.
+/// them in order (long sequential runs, the most favourable read), with `plain_read::sum` (the
+/// widest loads, a prefetch ahead): the bytes a decode token's matmuls read, read as fast as
+/// this host reads memory right now.
 fn plain_read(pool: &ThreadPool, mats: &[QMatrix]) -> u64 {
-    // The aligned middle of each matrix: any other bytes are a few at either end.
-    let parts: Vec<&[u64]> = mats
-        .iter()
-        .map(|m| bytemuck::pod_align_to::<u8, u64>(m.data.bytes()).1)
-        .collect();
+    let parts: Vec<&[u8]> = mats.iter().map(|m| m.data.bytes()).collect();
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let n = pool.num_threads();
     let sums: Vec<std::sync::atomic::AtomicU64> = (0..n).map(|_| Default::default()).collect();
     pool.run(n, |i| {
         let (lo, hi) = (i * total / n, (i + 1) * total / n);
-        let (mut acc, mut at) = ([0u64; 4], 0);
+        let (mut s, mut at) = (0u64, 0);
         for p in &parts {
             let (a, b) = (lo.max(at) - at, hi.min(at + p.len()).saturating_sub(at));
             at += p.len();
-            if a >= b {
-                continue;
-            }
-            let mut chunks = p[a..b].chunks_exact(4);
-            for (k, c) in (&mut chunks).enumerate() {
-                // A line 1 KiB ahead per line read, as the decode tiles ask for theirs (without
-                // it, this read is the slower one on the Xeon measured: 24 against 32 GB/s).
-                #[cfg(target_arch = "x86_64")]
-                if k % 2 == 0 {
-                    // SAFETY: a prefetch never faults.
-                    unsafe {
-                        use std::arch::x86_64::*;
-                        _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().wrapping_add(128).cast());
-                    }
-                }
-                for (s, w) in acc.iter_mut().zip(c) {
-                    *s = s.wrapping_add(*w);
-                }
-            }
-            for w in chunks.remainder() {
-                acc[0] = acc[0].wrapping_add(*w);
+            if a < b {
+                s = s.wrapping_add(vigil_kernels::plain_read::sum(&p[a..b]));
             }
         }
-        let s = acc.iter().fold(0u64, |a, &x| a.wrapping_add(x));
         sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
     });
     sums.iter()
