@@ -11,9 +11,9 @@
 /// KiB (AVX2 loads: 32.8-34.7 at 2 KiB); without a prefetch, 24.7.
 const AHEAD: usize = 2048;
 
-/// The wrapping sum of `bytes` read as little-endian 64-bit words (a last partial word padded
-/// with zeros): the same value whichever path the CPU takes, so callers can keep it to stop
-/// the read being optimized away.
+/// The wrapping sum of `bytes` taken as 64-bit words: the 64-byte-aligned middle as it lies, the
+/// bytes before and after it in little-endian words padded with zeros. The same value whichever
+/// path the CPU takes, so callers can keep it to stop the read being optimized away.
 pub fn sum(bytes: &[u8]) -> u64 {
     let (head, words, tail) = bytemuck::pod_align_to::<u8, [u64; 8]>(bytes);
     let mut total = edge_sum(head).wrapping_add(edge_sum(tail));
