@@ -1,12 +1,11 @@
 //! Memory read bandwidth, for the decode floors of scripts/bench_decode_vs_llamabench.sh and
 //! scripts/bench_qwen3_shape.sh (weight bytes per token / bandwidth): the kernel pool's threads
-//! each read their own slice of a buffer far larger than L3 with `plain_read::sum` (the widest
+//! each read their own slice of a buffer far larger than L3 (`plain_read::sum_on`: the widest
 //! loads, a prefetch ahead), the buffer in huge pages as loaded weights are, best of several
 //! passes. Prints one JSON line.
 //!
 //! Usage: mem_bandwidth [--threads N] [--mib SIZE] [--passes P]
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 use vigil_kernels::plain_read;
 use vigil_kernels::pool::ThreadPool;
@@ -31,17 +30,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let parts: Vec<(usize, &[u8])> = (0..mib).map(|m| (m << 20, &pattern[..])).collect();
     let buf = resident_copy(mib << 20, &parts)?;
     let pool = ThreadPool::new(threads);
-    let sums: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
     let mut best = f64::INFINITY;
     for _ in 0..passes {
         let start = Instant::now();
-        pool.run(threads, |i| {
-            let (lo, hi) = (i * buf.len() / threads, (i + 1) * buf.len() / threads);
-            sums[i].store(plain_read::sum(&buf[lo..hi]), Ordering::Relaxed);
-        });
+        std::hint::black_box(plain_read::sum_on(&pool, &[&buf[..]]));
         best = best.min(start.elapsed().as_secs_f64());
     }
-    std::hint::black_box(sums.iter().map(|s| s.load(Ordering::Relaxed)).sum::<u64>());
     println!(
         "{{\"bandwidth_gb_s\": {:.2}, \"method\": \"plain_read::sum (widest loads, prefetch ahead) on {threads} pool threads, {mib} MiB in huge pages, best of {passes}\"}}",
         buf.len() as f64 / best / 1e9

@@ -7,8 +7,8 @@
 //! round robin) in `format` (`bf16` default, `f16`, `f32`, `q8_0`, `q4_0`, `q4_1`, and `q4_0x8`,
 //! `q4_1x8` interleaved as loaded), then runs one activation row through every matrix
 //! in turn, as a decode step does, and prints the weight bytes read per second (best pass)
-//! beside a plain read of the same bytes, matrix by matrix (every thread summing its own slice
-//! with `plain_read::sum`). The matrices
+//! beside a plain read of the same bytes, matrix by matrix (every thread summing its own slice,
+//! `plain_read::sum_on`). The matrices
 //! lie in one buffer in huge pages, as a loaded checkpoint's do.
 
 use std::sync::Arc;
@@ -110,14 +110,7 @@ fn main() {
     for _ in 0..passes {
         let t = Instant::now();
         for w in &mats {
-            let bytes = w.data.bytes();
-            let sums = std::sync::atomic::AtomicU64::new(0);
-            pool.run(threads, |i| {
-                let (lo, hi) = (i * bytes.len() / threads, (i + 1) * bytes.len() / threads);
-                let s = vigil_kernels::plain_read::sum(&bytes[lo..hi]);
-                sums.fetch_xor(s, std::sync::atomic::Ordering::Relaxed);
-            });
-            std::hint::black_box(sums.into_inner());
+            std::hint::black_box(vigil_kernels::plain_read::sum_on(&pool, &[w.data.bytes()]));
         }
         read_best = read_best.min(t.elapsed().as_secs_f64());
     }

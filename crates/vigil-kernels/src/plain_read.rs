@@ -37,6 +37,29 @@ pub fn sum(bytes: &[u8]) -> u64 {
     total
 }
 
+/// `parts` read in one dispatch of `pool`: each thread `sum`s its own contiguous share of their
+/// bytes taken in order (long sequential runs, the most favourable read). Returns the threads'
+/// sums combined, to keep the read from being optimized away.
+pub fn sum_on(pool: &crate::pool::ThreadPool, parts: &[&[u8]]) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let n = pool.num_threads();
+    let sums: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    pool.run(n, |i| {
+        let (lo, hi) = (i * total / n, (i + 1) * total / n);
+        let (mut s, mut at) = (0u64, 0);
+        for p in parts {
+            let (a, b) = (lo.max(at) - at, hi.min(at + p.len()).saturating_sub(at));
+            at += p.len();
+            if a < b {
+                s = s.wrapping_add(sum(&p[a..b]));
+            }
+        }
+        sums[i].store(s, Ordering::Relaxed);
+    });
+    sums.iter().fold(0, |a, s| a ^ s.load(Ordering::Relaxed))
+}
+
 /// The unaligned bytes at either end, as words padded with zeros.
 fn edge_sum(bytes: &[u8]) -> u64 {
     bytes.chunks(8).fold(0u64, |a, c| {

@@ -302,27 +302,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The kernel threads sum the bytes of `mats` in one dispatch, each its own contiguous share of
-/// them in order (long sequential runs, the most favourable read), with `plain_read::sum` (the
-/// widest loads, a prefetch ahead): the bytes a decode token's matmuls read, read as fast as
-/// this host reads memory right now.
+/// The bytes a decode token's matmuls read, read plainly in one dispatch
+/// (`plain_read::sum_on`): as fast as this host reads memory right now.
 fn plain_read(pool: &ThreadPool, mats: &[QMatrix]) -> u64 {
     let parts: Vec<&[u8]> = mats.iter().map(|m| m.data.bytes()).collect();
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    let n = pool.num_threads();
-    let sums: Vec<std::sync::atomic::AtomicU64> = (0..n).map(|_| Default::default()).collect();
-    pool.run(n, |i| {
-        let (lo, hi) = (i * total / n, (i + 1) * total / n);
-        let (mut s, mut at) = (0u64, 0);
-        for p in &parts {
-            let (a, b) = (lo.max(at) - at, hi.min(at + p.len()).saturating_sub(at));
-            at += p.len();
-            if a < b {
-                s = s.wrapping_add(vigil_kernels::plain_read::sum(&p[a..b]));
-            }
-        }
-        sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
-    });
-    sums.iter()
-        .fold(0, |a, s| a ^ s.load(std::sync::atomic::Ordering::Relaxed))
+    vigil_kernels::plain_read::sum_on(pool, &parts)
 }

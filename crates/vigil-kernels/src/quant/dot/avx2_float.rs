@@ -117,10 +117,12 @@ impl FloatRows<'_> {
 /// rows layout fetches, was the slowest).
 const X8_PREFETCH: usize = 2048;
 
-/// How far ahead that tile also asks for its run into L2 (`_MM_HINT_T1`): held to AVX2 on the
-/// Xeon, `gemv_bandwidth bf16x8` read 26.1-27.0 GB/s (81-84 % of a plain read) without it and
-/// 31.5-32.3 (98-103 %) with it, as the AVX-512 tile (`avx512_float::PREFETCH_L2`).
-const X8_PREFETCH_L2: usize = 8192;
+/// How far ahead the interleaved float decode tiles (this one and `avx512_float`'s) also ask
+/// for their run into L2 (`_MM_HINT_T1`). On the Xeon (`gemv_bandwidth bf16x8`), held to AVX2:
+/// 26.1-27.0 GB/s (81-84 % of a plain read) without it, 31.5-32.3 (98-103 %) with it; AVX-512:
+/// 30.4-31.1 (87-91 %) without, 32.6-33.7 (96-99 %) with. 6-16 KiB were alike; the plain read
+/// itself gains nothing from it.
+pub(super) const X8_PREFETCH_L2: usize = 8192;
 
 /// The 8 pairs `(i = k % MR, j = k / MR)` of one tile. `stride`: bytes from one chunk of 8 of
 /// a row to its next (`FloatRows::stride`); the `cols % 8` tail exists only for rows, whose

@@ -10,7 +10,7 @@
 //! decode streams its weights from DRAM, and fewer instructions a line let the core keep more
 //! lines in flight.
 
-use super::avx2_float::hsum8;
+use super::avx2_float::{hsum8, X8_PREFETCH_L2};
 use std::arch::x86_64::*;
 
 /// How far ahead along the group's run the tile fetches. Measured on the Xeon
@@ -18,12 +18,6 @@ use std::arch::x86_64::*;
 /// read at 30.6-31.9 GB/s, 1-1.5 KiB at 28.8-30.2, 4-8 KiB at 29.4-29.7, and 2 KiB, the AVX2
 /// tile's best, at only 25.4-26.9; in a Qwen3-shape decode step 2.5-3 KiB were best too.
 const PREFETCH: usize = 3072;
-
-/// How far ahead the tile also asks for its run into L2 (`_MM_HINT_T1`). With only the L1
-/// fetch the tile read at 87-91 % of a plain read of the same matrices (`gemv_bandwidth
-/// bf16x8`, 30.4-31.1 GB/s); with this one too, at 96-99 % (32.6-33.7 GB/s). 6-16 KiB were
-/// alike; the plain read itself gains nothing from it.
-const PREFETCH_L2: usize = 8192;
 
 /// The decode tile (1 activation row × 8 weight rows) on an interleaved BF16 group.
 ///
@@ -39,8 +33,8 @@ pub(super) unsafe fn tile_bf16_x8(g: *const u8, x: *const f32, cols: usize) -> [
         let at = g.add(s * 128);
         _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH).cast());
         _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH + 64).cast());
-        _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PREFETCH_L2).cast());
-        _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PREFETCH_L2 + 64).cast());
+        _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(X8_PREFETCH_L2).cast());
+        _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(X8_PREFETCH_L2 + 64).cast());
         let xlo = _mm512_broadcast_f32x4(_mm_loadu_ps(x.add(8 * s)));
         let xhi = _mm512_broadcast_f32x4(_mm_loadu_ps(x.add(8 * s + 4)));
         for p in 0..2 {
