@@ -3,6 +3,8 @@
 # (pp512) and decode (tg128) tokens/s for
 #   Vigil BF16 (HF safetensors dir), Vigil --quantize q8_0 (same dir, quantized at load),
 #   llama-bench on the BF16 GGUF and on the Q8_0 GGUF made by llama-quantize,
+#   and both engines on the Q4_K_M GGUF llama-quantize makes from the BF16 one (Q4_K, with Q6_K
+#   for the output head, attn_v and half the ffn_down: the format most GGUFs are published in),
 # all the same weights (scripts/make_qwen3_shape.py, run here if DIR lacks them), in two
 # interleaved rounds (llama-bench with flash attention off and on; its better one counts), then
 # the decode floor of each format: weight bytes read per decoded
@@ -32,8 +34,13 @@ python=${PYTHON:-python3}
 [[ "${CHECK_ONLY:-0}" == 1 ]] && exit 0
 bf16_gguf=$dir/qwen3-0.6b-shape-bf16.gguf
 q8_gguf=$dir/qwen3-0.6b-shape-q8_0.gguf
+q4km_gguf=$dir/qwen3-0.6b-shape-q4_k_m.gguf
 if [[ ! -f "$dir/hf/model.safetensors" || ! -f "$bf16_gguf" || ! -f "$q8_gguf" ]]; then
     LLAMACPP_BIN=$L "$python" scripts/make_qwen3_shape.py "$dir" >&2
+fi
+if [[ ! -f "$q4km_gguf" ]]; then
+    "$L/llama-quantize" "$bf16_gguf" "$q4km_gguf.part" Q4_K_M "$threads" > "$dir/q4_k_m.log" 2>&1
+    mv "$q4km_gguf.part" "$q4km_gguf"
 fi
 cargo build -q --release -p vigil-engine --example bench_core --example mem_bandwidth
 B=${CARGO_TARGET_DIR:-target}/release/examples
@@ -56,6 +63,12 @@ for r in $(seq 1 "$rounds"); do
     "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-q8_0-after.json"
     "$L/llama-bench" -m "$q8_gguf" -t "$threads" -p 512 -n 128 -r "$reps" -fa 0,1 -o json \
         > "$O/llama-q8_0-$r.json" 2> "$O/llama-q8_0-$r.err"
+    "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-q4_k_m-before.json"
+    "$B/bench_core" "$q4km_gguf" --threads "$threads" --reps "$reps" --pp 512 --floor \
+        > "$O/vigil-q4_k_m-$r.jsonl"
+    "$B/mem_bandwidth" --threads "$threads" --mib 1024 --passes 5 > "$O/bandwidth-$r-q4_k_m-after.json"
+    "$L/llama-bench" -m "$q4km_gguf" -t "$threads" -p 512 -n 128 -r "$reps" -fa 0,1 -o json \
+        > "$O/llama-q4_k_m-$r.json" 2> "$O/llama-q4_k_m-$r.err"
 done
 uptime >> "$O/load.txt"
 
@@ -66,14 +79,14 @@ uptime >> "$O/load.txt"
 # KV reads (F16 in both engines; a few MB at tg128's context) are left out. Bandwidth: the
 # mean of the readings just before and after the format's Vigil run, where taken (this host's
 # DRAM rate moves by a third within minutes), else the round's first reading.
-"$python" - "$O" "$bf16_gguf" "$q8_gguf" > "$O/floors.jsonl" <<'PY'
+"$python" - "$O" "$bf16_gguf" "$q8_gguf" "$q4km_gguf" > "$O/floors.jsonl" <<'PY'
 import glob, json, os, re, sys
 from gguf import GGUFReader
 sys.path.insert(0, "scripts")
 from summarize_decode_bench import round_bandwidth
 
 out = sys.argv[1]
-for fmt, path in zip(("bf16", "q8_0"), sys.argv[2:]):
+for fmt, path in zip(("bf16", "q8_0", "q4_k_m"), sys.argv[2:]):
     per_token = sum(int(t.n_bytes) for t in GGUFReader(path).tensors)
     for f in sorted(glob.glob(f"{out}/bandwidth-*.json")):
         m = re.fullmatch(r"bandwidth-(\d+)\.json", os.path.basename(f))
@@ -98,11 +111,11 @@ r = 1
 while True:
     try:
         vigil = {}
-        for fmt in ("bf16", "q8_0"):
+        for fmt in ("bf16", "q8_0", "q4_k_m"):
             vigil[fmt] = {j["test"]: j for j in map(json.loads, open(f"{out}/vigil-{fmt}-{r}.jsonl")) if "test" in j}
     except FileNotFoundError:
         break
-    for fmt in ("bf16", "q8_0"):
+    for fmt in ("bf16", "q8_0", "q4_k_m"):
         runs = json.load(open(f"{out}/llama-{fmt}-{r}.json"))
         for test in ("pp512", "tg128"):
             mine = [x for x in runs if (x["n_prompt"], x["n_gen"]) == ((512, 0) if test == "pp512" else (0, 128))]

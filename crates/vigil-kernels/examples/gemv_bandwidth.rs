@@ -4,7 +4,7 @@
 //! (`m` activation rows: 1, decode, by default).
 //!
 //! Fills `MiB` of Qwen3-0.6B-shaped (or SmolLM2-135M-shaped) matrices (q/o, gate/up, down,
-//! round robin) in `format` (`bf16` default, `f16`, `f32`, `q8_0`, `q4_0`, `q4_1`, and `q4_0x8`,
+//! round robin) in `format` (`bf16` default, `f16`, `f32`, `q8_0`, `q4_0`, `q4_1`, `q4_k`, `q5_k`, `q6_k` (Qwen3 shapes), and `q4_0x8`,
 //! `q4_1x8` interleaved as loaded), then runs one activation row through every matrix
 //! in turn, as a decode step does, and prints the weight bytes read per second (best pass)
 //! beside a plain read of the same bytes, matrix by matrix (every thread summing its own slice,
@@ -33,6 +33,9 @@ fn main() {
         "q8_0" => DType::Q8_0,
         "q4_0" => DType::Q4_0,
         "q4_1" => DType::Q4_1,
+        "q4_k" => DType::Q4K,
+        "q5_k" => DType::Q5K,
+        "q6_k" => DType::Q6K,
         _ => DType::BF16,
     };
     let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);

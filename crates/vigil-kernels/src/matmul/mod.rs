@@ -42,6 +42,10 @@ const AMX_MIN_ROWS: usize = 16;
 /// rows 0.495 against 0.745.
 const Q4K_GEMM_MIN_ROWS: usize = 8;
 const Q6K_GEMM_MIN_ROWS: usize = 16;
+/// Below this many activation rows the k-quants take the 8-weight-row decode tile
+/// (`avx2_k_decode`, which unpacks a weight block once per activation row); from it, until
+/// their GEMM, `avx2_k`'s row tile (once per 4 activation rows).
+const K_DECODE_MAX_ROWS: usize = 4;
 /// The same for the float formats (`avx2_float_gemm`): widening and packing each weight block
 /// pays off from about 8 rows (BF16 1024 × 1024, one thread: at 4 rows the row tiles took
 /// 0.17 ms and the GEMM 0.25 ms; at 8 rows 0.34 ms and 0.28 ms).

@@ -5,7 +5,9 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::FLOAT_GEMM_MIN_ROWS;
-use super::{Path, AMX_MIN_ROWS, GEMM_MIN_ROWS, Q4K_GEMM_MIN_ROWS, Q6K_GEMM_MIN_ROWS};
+use super::{
+    Path, AMX_MIN_ROWS, GEMM_MIN_ROWS, K_DECODE_MAX_ROWS, Q4K_GEMM_MIN_ROWS, Q6K_GEMM_MIN_ROWS,
+};
 use crate::cpu::Isa;
 use crate::pool::SyncPtr;
 use crate::quant::blocks::*;
@@ -300,6 +302,18 @@ macro_rules! fmtk {
                         };
                     }
                 )?
+                if m < K_DECODE_MAX_ROWS {
+                    use crate::quant::dot::avx2_k_decode;
+                    return match isa {
+                        Isa::Avx512 => {
+                            vnni::rows_k_decode_avx512vl::<$avx>(w, rows, acts, m, r0, r1, out)
+                        }
+                        Isa::AvxVnni => {
+                            vnni::rows_k_decode_avx_vnni::<$avx>(w, rows, acts, m, r0, r1, out)
+                        }
+                        _ => avx2_k_decode::matmul_rows::<$avx>(w, rows, acts, m, r0, r1, out),
+                    };
+                }
                 match isa {
                     Isa::Avx512 => vnni::rows_k_avx512vl::<$avx>(w, rows, acts, m, r0, r1, out),
                     Isa::AvxVnni => vnni::rows_k_avx_vnni::<$avx>(w, rows, acts, m, r0, r1, out),

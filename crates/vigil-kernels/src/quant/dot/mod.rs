@@ -6,7 +6,7 @@
 //! quants, then fold it into an f32 sum in block order with the formulas below
 //! (`acc_*`). Integer arithmetic is exact and the float operations are the same IEEE operations
 //! in the same order on every path, so the scalar path (`scalar`), the AVX2 kernels (`avx2`,
-//! `avx2_gemm`, `avx2_gemm_q8`, `avx2_k`) and the VNNI kernels (`vnni`: the AVX2 row tiles
+//! `avx2_gemm`, `avx2_gemm_q8`, `avx2_k`, `avx2_k_decode`) and the VNNI kernels (`vnni`: the AVX2 row tiles
 //! and k-quant kernels compiled with 256-bit `vpdpbusd` / `vpdpwssd`; `vnni_gemm`: the
 //! AVX-VNNI GEMM; `avx512_gemm`: the 16-row AVX-512 VNNI GEMM; `amx_gemm`: the same GEMM
 //! with its blocks' integer dots on AMX tiles) give bit-identical results,
@@ -38,6 +38,8 @@ pub mod avx2_gemm;
 pub mod avx2_gemm_q8;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_k;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_k_decode;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_kgemm;
 #[cfg(target_arch = "x86_64")]

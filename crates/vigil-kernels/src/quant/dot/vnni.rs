@@ -13,6 +13,7 @@
 
 use super::avx2::{self, Fmt32, IntDot};
 use super::avx2_k::{self, FmtK};
+use super::avx2_k_decode::{self, KDecode};
 use super::avx2_q4_decode::{self, GroupTiles};
 use super::Acts32;
 use crate::quant::blocks::BlockQ8K;
@@ -185,4 +186,39 @@ pub unsafe fn rows_k_avx512vl<F: FmtK>(
     out: *mut f32,
 ) {
     avx2_k::rows_with::<Avx512Vl, F>(w, rows, acts, m, r0, r1, out)
+}
+
+/// `avx2_k_decode::matmul_rows` (the k-quant decode tile) with AVX-VNNI.
+///
+/// # Safety
+/// AVX2+FMA+F16C+AVX-VNNI available; otherwise as `avx2_k_decode::matmul_rows`.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn rows_k_decode_avx_vnni<F: KDecode>(
+    w: &[F::W],
+    rows: usize,
+    acts: &[BlockQ8K],
+    m: usize,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    avx2_k_decode::rows_with::<AvxVnni, F>(w, rows, acts, m, r0, r1, out)
+}
+
+/// `avx2_k_decode::matmul_rows` (the k-quant decode tile) with AVX512-VNNI on 256 bits.
+///
+/// # Safety
+/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI available; otherwise as
+/// `avx2_k_decode::matmul_rows`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn rows_k_decode_avx512vl<F: KDecode>(
+    w: &[F::W],
+    rows: usize,
+    acts: &[BlockQ8K],
+    m: usize,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    avx2_k_decode::rows_with::<Avx512Vl, F>(w, rows, acts, m, r0, r1, out)
 }
