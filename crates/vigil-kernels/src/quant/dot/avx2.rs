@@ -92,6 +92,15 @@ pub trait IntDot {
     /// # Safety
     /// As `dot4`.
     unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    /// `madd_acc`, as one instruction on the VNNI encodings even where LLVM would split it
+    /// (`vnni::Vnni256::dpwssd_whole`).
+    ///
+    /// # Safety
+    /// As `dot4`.
+    #[inline(always)]
+    unsafe fn madd_acc_whole(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        Self::madd_acc(acc, a, b)
+    }
     /// `acc + dot4(u, s)` (one instruction with VNNI).
     ///
     /// # Safety

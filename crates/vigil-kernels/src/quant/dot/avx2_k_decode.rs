@@ -121,7 +121,7 @@ unsafe fn chunk_dots<D: IntDot>(
     let mut acc = [_mm256_setzero_si256(); 2];
     for c in 0..8 {
         let yv = _mm256_loadu_si256(y.qs.as_ptr().add(32 * c).cast());
-        acc[c % 2] = D::madd_acc(acc[c % 2], _mm256_maddubs_epi16(q[c], yv), scale(c));
+        acc[c % 2] = D::madd_acc_whole(acc[c % 2], _mm256_maddubs_epi16(q[c], yv), scale(c));
     }
     _mm256_add_epi32(acc[0], acc[1])
 }

@@ -31,6 +31,45 @@ pub trait Vnni256 {
     /// # Safety
     /// As `dpbusd`.
     unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    /// `dpwssd`, emitted as the one instruction it is. Given the intrinsic, LLVM may split it
+    /// into `vpmaddwd` + `vpaddd`, two uops where the k-quant decode tile is bound by them: its
+    /// Q4_K blocks ran 55 GFLOP/s on one thread split, 62–65 whole (`matmul_bench 1 1 2000
+    /// q4_k`, AVX-512 Xeon).
+    ///
+    /// # Safety
+    /// As `dpwssd`.
+    unsafe fn dpwssd_whole(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+}
+
+/// `vpdpwssd` in inline assembly, with `{vex}` for the AVX-VNNI encoding.
+macro_rules! dpwssd_asm {
+    ($prefix:literal, $acc:ident, $a:ident, $b:ident) => {{
+        let mut acc = $acc;
+        std::arch::asm!(
+            concat!($prefix, "vpdpwssd {acc}, {a}, {b}"),
+            acc = inout(ymm_reg) acc,
+            a = in(ymm_reg) $a,
+            b = in(ymm_reg) $b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        acc
+    }};
+}
+
+/// # Safety
+/// AVX-VNNI.
+#[inline]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn dpwssd_vex(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    dpwssd_asm!("{{vex}} ", acc, a, b)
+}
+
+/// # Safety
+/// AVX512-VNNI and VL.
+#[inline]
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+unsafe fn dpwssd_evex(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    dpwssd_asm!("", acc, a, b)
 }
 
 /// The VEX encoding (`avxvnni`).
@@ -47,6 +86,10 @@ impl Vnni256 for AvxVnni {
     unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         _mm256_dpwssd_avx_epi32(acc, a, b)
     }
+    #[inline(always)]
+    unsafe fn dpwssd_whole(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        dpwssd_vex(acc, a, b)
+    }
 }
 
 impl Vnni256 for Avx512Vl {
@@ -57,6 +100,10 @@ impl Vnni256 for Avx512Vl {
     #[inline(always)]
     unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         _mm256_dpwssd_epi32(acc, a, b)
+    }
+    #[inline(always)]
+    unsafe fn dpwssd_whole(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        dpwssd_evex(acc, a, b)
     }
 }
 
@@ -69,6 +116,10 @@ impl<V: Vnni256> IntDot for V {
     #[inline(always)]
     unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         V::dpwssd(acc, a, b)
+    }
+    #[inline(always)]
+    unsafe fn madd_acc_whole(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        V::dpwssd_whole(acc, a, b)
     }
     #[inline(always)]
     unsafe fn dot4_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
