@@ -6,10 +6,12 @@
 //! decode step has one: there each weight block paid two horizontal sums (its dot and Q6_K's
 //! offset), its scales were built with 16 broadcasts from scalar registers, and its fold was
 //! scalar. Qwen3-0.6B-shaped Q4_K_M decode read its weights at 35 % of a plain read of them
-//! from DRAM, slower than llama.cpp's. Here the scales come from one vector load and a
-//! shuffle a chunk, Q6_K's `-32 · Σ sc · bsum` offset is taken from the lanes before they are
-//! summed, the 8 rows' lanes are reduced with 6 `hadd`s, and the next group's blocks are
-//! prefetched as the weights stream (each of the 8 rows is its own run of blocks).
+//! from DRAM, slower than llama.cpp's. Here the scales are unpacked in vector registers and
+//! each chunk's scale is a broadcast from memory (Q4_K, Q5_K) or one shuffle (Q6_K, whose chunk
+//! spans two sub-blocks), Q6_K's `-32 · Σ sc · bsum` offset is taken from the lanes before they
+//! are summed, the 8 rows' lanes are reduced with 6 `hadd`s, the VNNI multiply-add stays one
+//! instruction (`IntDot::madd_acc_whole`), and the next groups' blocks are prefetched as the
+//! weights stream (each of the 8 rows is its own run of blocks).
 //!
 //! The integer dots are the exact sums `avx2_k` computes; the fold is `super::acc_k` /
 //! `super::acc_q6k` per lane, with no fused multiply-add, so every output has the scalar
@@ -55,8 +57,7 @@ unsafe fn spread_words(v: __m256i, lo: i32, hi: i32) -> __m256i {
 
 /// The 8 scales and 8 mins of a Q4_K / Q5_K block's 12 packed bytes at `p` (16 bytes are
 /// read: the block's quants follow), as bytes 0..8 and 8..16: `super::scales_mins_k4` on 32-bit
-/// lanes (ggml's `kmask` form), in vector registers, since moving the words from scalar
-/// registers took the shuffle port three times a block.
+/// lanes (ggml's `kmask` form), in vector registers, where the result is needed.
 #[inline(always)]
 unsafe fn k4_scales_mins(p: *const u8) -> __m128i {
     let v = _mm_loadu_si128(p.cast());
