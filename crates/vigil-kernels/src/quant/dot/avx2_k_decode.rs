@@ -149,18 +149,25 @@ unsafe fn k4_dot<D: IntDot>(
     (dots, _mm_madd_epi16(mins, pairs))
 }
 
+/// The 8 chunks of 32 4-bit quants of a Q4_K / Q5_K block's `qs`: chunk `2c` the low nibbles
+/// of bytes `32c..32c + 32`, chunk `2c + 1` their high nibbles.
+#[inline(always)]
+unsafe fn nibbles(qs: &[u8; 128]) -> [__m256i; 8] {
+    let low = _mm256_set1_epi8(0x0F);
+    let mut q = [_mm256_setzero_si256(); 8];
+    for c in 0..4 {
+        let raw = _mm256_loadu_si256(qs.as_ptr().add(32 * c).cast());
+        q[2 * c] = _mm256_and_si256(raw, low);
+        q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
+    }
+    q
+}
+
 impl KDecode for Q4K {
     const HAS_MIN: bool = true;
     #[inline(always)]
     unsafe fn dot<D: IntDot>(w: &BlockQ4K, y: &BlockQ8K, pairs: __m128i) -> (__m256i, __m128i) {
-        let low = _mm256_set1_epi8(0x0F);
-        let mut q = [_mm256_setzero_si256(); 8];
-        for c in 0..4 {
-            let raw = _mm256_loadu_si256(w.qs.as_ptr().add(32 * c).cast());
-            q[2 * c] = _mm256_and_si256(raw, low);
-            q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
-        }
-        k4_dot::<D>(&q, w.scales.as_ptr(), y, pairs)
+        k4_dot::<D>(&nibbles(&w.qs), w.scales.as_ptr(), y, pairs)
     }
     fn scales_f16(w: &BlockQ4K) -> (u16, u16) {
         (w.d.to_bits(), w.dmin.to_bits())
@@ -171,18 +178,10 @@ impl KDecode for Q5K {
     const HAS_MIN: bool = true;
     #[inline(always)]
     unsafe fn dot<D: IntDot>(w: &BlockQ5K, y: &BlockQ8K, pairs: __m128i) -> (__m256i, __m128i) {
-        let low = _mm256_set1_epi8(0x0F);
         let qh = _mm256_loadu_si256(w.qh.as_ptr().cast());
-        let mut q = [_mm256_setzero_si256(); 8];
-        for c in 0..4 {
-            let raw = _mm256_loadu_si256(w.qs.as_ptr().add(32 * c).cast());
-            let nib = [
-                _mm256_and_si256(raw, low),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
-            ];
-            for (h, n) in nib.into_iter().enumerate() {
-                q[2 * c + h] = _mm256_or_si256(n, fifth_bit(qh, 2 * c + h));
-            }
+        let mut q = nibbles(&w.qs);
+        for (j, q) in q.iter_mut().enumerate() {
+            *q = _mm256_or_si256(*q, fifth_bit(qh, j));
         }
         k4_dot::<D>(&q, w.scales.as_ptr(), y, pairs)
     }
