@@ -4,7 +4,8 @@
 //! (`m` activation rows: 1, decode, by default).
 //!
 //! Fills `MiB` of Qwen3-0.6B-shaped (or SmolLM2-135M-shaped) matrices (q/o, gate/up, down,
-//! round robin) in `format` (`bf16` default, `f16`, `f32`, `q8_0`, `q4_0`, `q4_1`, `q4_k`, `q5_k`, `q6_k` (Qwen3 shapes), and `q4_0x8`,
+//! round robin) in `format` (`bf16` default, `f16`, `f32`, `q8_0`, `q4_0`, `q4_1`, `q4_k`,
+//! `q5_k`, `q6_k` (Qwen3 shapes only: 256-value blocks), and `q4_0x8`,
 //! `q4_1x8` interleaved as loaded), then runs one activation row through every matrix
 //! in turn, as a decode step does, and prints the weight bytes read per second (best pass)
 //! beside a plain read of the same bytes, matrix by matrix (every thread summing its own slice,
@@ -45,6 +46,16 @@ fn main() {
         Some("smollm2") => SMOLLM2_SHAPES,
         _ => QWEN3_SHAPES,
     };
+    if shapes
+        .iter()
+        .any(|&(_, cols)| cols % dtype.block_size() != 0)
+    {
+        eprintln!(
+            "{format}: these shapes' rows are not whole {}-value blocks",
+            dtype.block_size()
+        );
+        std::process::exit(2);
+    }
     // Activation rows: 1 for decode; more times the prefill GEMM on weights from memory.
     let m: usize = args.get(6).and_then(|s| s.parse().ok()).unwrap_or(1);
     let pool = ThreadPool::new(threads);
