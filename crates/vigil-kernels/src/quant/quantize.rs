@@ -236,6 +236,57 @@ mod avx2 {
         }
     }
 
+    /// The index of the first value of `xb` whose magnitude is `amax` (one of them is).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn first_at(xb: &[f32], amax: f32) -> usize {
+        let target = _mm256_set1_ps(amax);
+        for (k, c) in xb.chunks_exact(8).enumerate() {
+            // SAFETY: 8 values.
+            let v = abs_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) });
+            let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(v, target));
+            if hit != 0 {
+                return 8 * k + hit.trailing_zeros() as usize;
+            }
+        }
+        xb.iter().position(|v| v.abs() == amax).unwrap_or(0)
+    }
+
+    /// The sums of each 4 consecutive i8 of `q`, as 8 i32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn sums_of_4(q: __m256i) -> __m256i {
+        let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q);
+        _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+    }
+
+    /// A Q8_K block's 16 `bsums` from `sums_of_4` of its 8 chunks of 32 values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn bsums(s: &[__m256i; 8]) -> [i16; QK_K / 16] {
+        // Lanes 0..4 of `half(c)`: the first 16 values' sums of chunks c..c + 4, lanes 4..8
+        // their second 16 values'.
+        let half = |c: usize| {
+            let a = _mm256_hadd_epi32(s[c], s[c + 1]);
+            let b = _mm256_hadd_epi32(s[c + 2], s[c + 3]);
+            _mm256_hadd_epi32(a, b)
+        };
+        // bsums 0, 2, .., 14 in the low 128 bits, 1, 3, .., 15 in the high (at most
+        // 16 · 128 in magnitude: `packs` keeps them exactly).
+        let p = _mm256_packs_epi32(half(0), half(4));
+        let (even, odd) = (_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
+        let mut out = [0i16; QK_K / 16];
+        // SAFETY: 16 i16 out.
+        unsafe {
+            _mm_storeu_si128(out.as_mut_ptr().cast(), _mm_unpacklo_epi16(even, odd));
+            _mm_storeu_si128(
+                out.as_mut_ptr().add(8).cast(),
+                _mm_unpackhi_epi16(even, odd),
+            );
+        }
+        out
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn quantize_row_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
         for (xb, yb) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
@@ -253,11 +304,15 @@ mod avx2 {
                 };
                 continue;
             }
-            // The reference keeps the first value whose magnitude is the maximum.
-            let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+            let max = xb[first_at(xb, amax)];
             let iscale = -127.0 / max;
             let isv = _mm256_set1_ps(iscale);
-            for (xc, qc) in xb.chunks_exact(32).zip(yb.qs.chunks_exact_mut(32)) {
+            let mut sums = [_mm256_setzero_si256(); 8];
+            for ((xc, qc), sum) in xb
+                .chunks_exact(32)
+                .zip(yb.qs.chunks_exact_mut(32))
+                .zip(&mut sums)
+            {
                 // SAFETY: 32 values in, 32 bytes out.
                 unsafe {
                     let p = xc.as_ptr();
@@ -269,10 +324,12 @@ mod avx2 {
                         );
                     }
                     // `packs` saturates at 127: the reference's `min(127, q)`.
-                    _mm256_storeu_si256(qc.as_mut_ptr().cast(), pack_i8(r));
+                    let q = pack_i8(r);
+                    _mm256_storeu_si256(qc.as_mut_ptr().cast(), q);
+                    *sum = sums_of_4(q);
                 }
             }
-            fill_bsums(yb);
+            yb.bsums = bsums(&sums);
             yb.d = 1.0 / iscale;
         }
     }

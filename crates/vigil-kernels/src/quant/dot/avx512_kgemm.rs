@@ -4,8 +4,11 @@
 //!
 //! Per super-block and activation row, each sub-block's exact integer dot accumulates in one
 //! i32 lane per weight row with `vpdpbusd` (unsigned weight quants × the activation's 4 bytes
-//! broadcast), is multiplied by the row's sub-block scale (`vpmulld`: the sums do not fit the
-//! i16 operands of `vpdpwssd`) and summed over the sub-blocks:
+//! broadcast) and is multiplied by the row's sub-block scale as it is summed over the
+//! sub-blocks. The sums do not fit the i16 operands of `vpdpwssd`, but their low byte and the
+//! rest do: a `vpshufb` makes each lane the pair `(s & 0xFF, s >> 8)` and one `vpdpwssd`
+//! against `(sc, 256 · sc)` adds `s · sc` (a `vpmulld` + `vpaddd` cost three uops on the
+//! port the `vpdpbusd` chains need; the shuffle runs on another):
 //!
 //! - Q4_K: `sumi = Σ_j sc_j · Σ q·y` (8 sub-blocks of 32, quants 0..15) and
 //!   `summ = Σ_j min_j · (bsum_2j + bsum_2j+1)` (one `vpdpwssd` per sub-block on the
@@ -14,7 +17,7 @@
 //!   corrected by `-32 · Σ_s sc_s · bsum_s` (8 `vpdpwssd`); folded as `super::acc_q6k`.
 //!
 //! Every integer step is exact (at most 32 · 15 · 128 per Q4_K sub-block, 16 · 63 · 128 per
-//! Q6_K one, well inside i32 after scaling) and the float fold is the scalar path's IEEE
+//! Q6_K one: below 2^23, so `s >> 8` fits an i16; well inside i32 after scaling) and the float fold is the scalar path's IEEE
 //! operations per lane in block order, so every output equals `scalar::dot_q4k_q8k` /
 //! `dot_q6k_q8k` bit for bit. The loop over chunks, groups and tiles is `gemm_driver::drive`.
 
@@ -101,6 +104,37 @@ unsafe fn act_rows<const R: usize>(acts: &Acts32<BlockQ8K>, i0: usize) -> [*cons
     std::array::from_fn(|i| acts.blocks.as_ptr().add((i0 + i) * acts.nb))
 }
 
+/// The `vpshufb` index that turns each i32 lane `s` (|s| < 2^23) into the i16 pair
+/// `(s & 0xFF, s >> 8)`: byte 0 zero-extended, then bytes 1 and 2.
+#[inline(always)]
+unsafe fn split_index() -> __m512i {
+    let lane = |d: i32| (4 * d) | (0x80 << 8) | ((4 * d + 1) << 16) | ((4 * d + 2) << 24);
+    _mm512_broadcast_i32x4(_mm_setr_epi32(lane(0), lane(1), lane(2), lane(3)))
+}
+
+/// `pair(sc, 256 · sc)` from `dup(sc)` (|sc| <= 128, so `256 · sc` fits an i16): against
+/// `split_index`'s pair, one `vpdpwssd` adds `(s & 0xFF) · sc + (s >> 8) · 256 · sc = s · sc`.
+#[inline(always)]
+unsafe fn scale_split(dup: __m512i) -> __m512i {
+    _mm512_mask_blend_epi16(0xAAAA_AAAA, dup, _mm512_slli_epi16::<8>(dup))
+}
+
+/// `vpdpwssd` in inline assembly: given the intrinsic, LLVM splits it into `vpmaddwd` +
+/// `vpaddd`, two uops on the port the `vpdpbusd` chains need.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    std::arch::asm!(
+        "vpdpwssd {acc}, {a}, {b}",
+        acc = inout(zmm_reg) acc,
+        a = in(zmm_reg) a,
+        b = in(zmm_reg) b,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    acc
+}
+
 /// Q4_K: the `R × 16` outputs of activation rows `i0..i0 + R` against one group.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -110,6 +144,7 @@ unsafe fn tile_q4k<const R: usize>(
     i0: usize,
 ) -> [__m512; R] {
     let mask = _mm512_set1_epi8(0x0F);
+    let split = split_index();
     let ya = act_rows::<R>(acts, i0);
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..acts.nb {
@@ -130,9 +165,9 @@ unsafe fn tile_q4k<const R: usize>(
                         _mm512_dpbusd_epi32(s[i], q, bcast4(y[i].qs.as_ptr().add(32 * j + 4 * h)));
                 }
             }
-            let sc = _mm512_srai_epi32::<16>(load(&p.sc[j]));
+            let sc = scale_split(load(&p.sc[j]));
             for i in 0..R {
-                sumi[i] = _mm512_add_epi32(sumi[i], _mm512_mullo_epi32(s[i], sc));
+                sumi[i] = dpwssd(sumi[i], _mm512_shuffle_epi8(s[i], split), sc);
             }
         }
         let dx = _mm512_load_ps(p.d.as_ptr());
@@ -140,7 +175,7 @@ unsafe fn tile_q4k<const R: usize>(
         for i in 0..R {
             let mut summ = _mm512_setzero_si512();
             for j in 0..8 {
-                summ = _mm512_dpwssd_epi32(
+                summ = dpwssd(
                     summ,
                     load(&p.mins[j]),
                     bcast4(y[i].bsums.as_ptr().add(2 * j)),
@@ -164,6 +199,7 @@ unsafe fn tile_q6k<const R: usize>(
     acts: &Acts32<BlockQ8K>,
     i0: usize,
 ) -> [__m512; R] {
+    let split = split_index();
     let ya = act_rows::<R>(acts, i0);
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..acts.nb {
@@ -179,9 +215,9 @@ unsafe fn tile_q6k<const R: usize>(
                         _mm512_dpbusd_epi32(t[i], q, bcast4(y[i].qs.as_ptr().add(16 * s + 4 * v)));
                 }
             }
-            let sc = _mm512_srai_epi32::<16>(load(&p.sc[s]));
+            let sc = scale_split(load(&p.sc[s]));
             for i in 0..R {
-                sumi[i] = _mm512_add_epi32(sumi[i], _mm512_mullo_epi32(t[i], sc));
+                sumi[i] = dpwssd(sumi[i], _mm512_shuffle_epi8(t[i], split), sc);
             }
         }
         let dx = _mm512_load_ps(p.d.as_ptr());
@@ -189,11 +225,7 @@ unsafe fn tile_q6k<const R: usize>(
             // Remove the +32 of the unsigned quants: `32 · Σ_s sc_s · bsum_s`.
             let mut off = _mm512_setzero_si512();
             for t in 0..8 {
-                off = _mm512_dpwssd_epi32(
-                    off,
-                    load(&p.scp[t]),
-                    bcast4(y[i].bsums.as_ptr().add(2 * t)),
-                );
+                off = dpwssd(off, load(&p.scp[t]), bcast4(y[i].bsums.as_ptr().add(2 * t)));
             }
             let sumi = _mm512_sub_epi32(sumi[i], _mm512_slli_epi32::<5>(off));
             // super::acc_q6k per lane.

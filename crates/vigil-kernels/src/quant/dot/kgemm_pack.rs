@@ -10,14 +10,16 @@
 //! `pair(a, b)` puts `a` in the low one. The super-block's `d` (and `dmin`) are f32 lanes (f16
 //! to f32 is exact, so converting here changes no result).
 //!
-//! Packing is plain scalar code: it runs once per group and activation-row chunk (see
-//! `gemm_driver`) and is a few percent of a tile's work.
+//! Packing runs once per group and activation-row chunk (see `gemm_driver`), 8 weight rows at
+//! a time in AVX2 registers: the quants are an 8 × 8 word transpose, the scales a widening of
+//! each sub-block's 8 bytes. (Word by word in scalar code it was 8–10 % of a Q4_K_M prefill.)
 
 // Index loops mirror the block layouts.
 #![allow(clippy::needless_range_loop)]
 
 use super::scales_mins_k4;
 use crate::quant::blocks::{BlockQ4K, BlockQ6K};
+use std::arch::x86_64::*;
 
 /// One Q4_K super-block of `N` weight rows.
 #[derive(Clone, Copy)]
@@ -47,26 +49,12 @@ pub struct PackedQ6K<const N: usize> {
     pub(super) q: [[u32; N]; 64],
 }
 
-/// Two i16 in one i32 lane: `lo` in bits 0..16, `hi` in 16..32.
-#[inline(always)]
-fn pair(lo: i16, hi: i16) -> i32 {
-    (lo as u16 as u32 | (hi as u16 as u32) << 16) as i32
-}
-
-#[inline(always)]
-fn dup(x: i16) -> i32 {
-    pair(x, x)
-}
-
-/// Bytes `at..at + 4` of `b` as a little-endian word (4 quants).
-#[inline(always)]
-fn word(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
+/// Weight rows packed together: one AVX2 vector holds a word (4 quants) of each.
+const T: usize = 8;
 
 /// The low nibble, and the low two bits, of each byte of a word.
-const NIB: u32 = 0x0F0F_0F0F;
-const TWO: u32 = 0x0303_0303;
+const NIB: i32 = 0x0F0F_0F0F;
+const TWO: i32 = 0x0303_0303;
 
 /// Weight row `k` of the group starting at `j0`; rows `>= r1` repeat row `r1 - 1` (their
 /// outputs are dropped).
@@ -76,30 +64,117 @@ fn row<W>(w: &[W], nb: usize, j0: usize, k: usize, r1: usize) -> &[W] {
     &w[j * nb..(j + 1) * nb]
 }
 
+/// Write word `t` of every `v[r]` to `dst[t * stride + r]`: an 8 × 8 transpose of words.
+#[inline(always)]
+unsafe fn transpose_store(v: [__m256i; T], dst: *mut i32, stride: usize) {
+    let lo32 = |a, b| _mm256_unpacklo_epi32(a, b);
+    let hi32 = |a, b| _mm256_unpackhi_epi32(a, b);
+    let t = [
+        lo32(v[0], v[1]),
+        hi32(v[0], v[1]),
+        lo32(v[2], v[3]),
+        hi32(v[2], v[3]),
+        lo32(v[4], v[5]),
+        hi32(v[4], v[5]),
+        lo32(v[6], v[7]),
+        hi32(v[6], v[7]),
+    ];
+    // `u[w]` (w < 4): word `w` of rows 0..4 in its low half, word `w + 4` in its high half;
+    // `u[w + 4]` the same of rows 4..8.
+    let u = [
+        _mm256_unpacklo_epi64(t[0], t[2]),
+        _mm256_unpackhi_epi64(t[0], t[2]),
+        _mm256_unpacklo_epi64(t[1], t[3]),
+        _mm256_unpackhi_epi64(t[1], t[3]),
+        _mm256_unpacklo_epi64(t[4], t[6]),
+        _mm256_unpackhi_epi64(t[4], t[6]),
+        _mm256_unpacklo_epi64(t[5], t[7]),
+        _mm256_unpackhi_epi64(t[5], t[7]),
+    ];
+    for w in 0..4 {
+        let at = |i: usize| dst.add(i * stride).cast::<__m256i>();
+        _mm256_storeu_si256(at(w), _mm256_permute2x128_si256::<0x20>(u[w], u[w + 4]));
+        _mm256_storeu_si256(at(w + 4), _mm256_permute2x128_si256::<0x31>(u[w], u[w + 4]));
+    }
+}
+
+/// 8 words at `p` (unaligned).
+#[inline(always)]
+unsafe fn load8(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p.cast())
+}
+
+/// 8 f16 (as bits) to f32, stored at `dst` (exact).
+#[inline(always)]
+unsafe fn halves_to_f32(bits: [u16; T], dst: *mut f32) {
+    _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128(bits.as_ptr().cast())));
+}
+
+/// `pair(lo[r], hi[r])` for 8 i32 lanes holding i16 values.
+#[inline(always)]
+unsafe fn pairs(lo: __m256i, hi: __m256i) -> __m256i {
+    _mm256_or_si256(
+        _mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)),
+        _mm256_slli_epi32::<16>(hi),
+    )
+}
+
+/// Each of 8 unsigned bytes as an i32 lane.
+#[inline(always)]
+unsafe fn widen_u8(b: &[u8; T]) -> __m256i {
+    _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.as_ptr().cast()))
+}
+
+/// Each of 8 signed bytes as an i32 lane.
+#[inline(always)]
+unsafe fn widen_i8(b: &[i8; T]) -> __m256i {
+    _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.as_ptr().cast()))
+}
+
+#[inline(always)]
+unsafe fn store(dst: &mut [i32], v: __m256i) {
+    debug_assert!(dst.len() >= T);
+    _mm256_storeu_si256(dst.as_mut_ptr().cast(), v)
+}
+
 /// Repack Q4_K weight rows `j0..j0 + N` (rows `>= r1` repeat row `r1 - 1`) into `out[..nb]`.
 ///
+/// # Safety
+/// AVX2 and F16C available.
+///
 /// # Panics
-/// If `w` holds fewer than `r1 * nb` blocks or `j0 >= r1`.
-pub fn pack_q4k<const N: usize>(
+/// If `w` holds fewer than `r1 * nb` blocks, `j0 >= r1` or `out` holds fewer than `nb`.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn pack_q4k<const N: usize>(
     w: &[BlockQ4K],
     nb: usize,
     j0: usize,
     r1: usize,
     out: &mut [PackedQ4K<N>],
 ) {
-    for k in 0..N {
-        for (x, p) in row(w, nb, j0, k, r1).iter().zip(&mut out[..nb]) {
-            p.d[k] = x.d.to_f32();
-            p.dmin[k] = x.dmin.to_f32();
-            let (sc, mn) = scales_mins_k4(&x.scales);
-            for j in 0..8 {
-                p.sc[j][k] = dup(sc[j] as i16);
-                p.mins[j][k] = dup(mn[j] as i16);
-            }
-            for c in 0..4 {
-                for h in 0..8 {
-                    p.qs[c][h][k] = word(&x.qs, 32 * c + 4 * h);
+    const { assert!(N.is_multiple_of(T)) };
+    for g in (0..N).step_by(T) {
+        let rows: [&[BlockQ4K]; T] = std::array::from_fn(|t| row(w, nb, j0, g + t, r1));
+        for (b, p) in out[..nb].iter_mut().enumerate() {
+            let x: [&BlockQ4K; T] = std::array::from_fn(|t| &rows[t][b]);
+            halves_to_f32(x.map(|x| x.d.to_bits()), p.d[g..g + T].as_mut_ptr());
+            halves_to_f32(x.map(|x| x.dmin.to_bits()), p.dmin[g..g + T].as_mut_ptr());
+            let (mut sc, mut mn) = ([[0u8; T]; 8], [[0u8; T]; 8]);
+            for t in 0..T {
+                let (s, m) = scales_mins_k4(&x[t].scales);
+                for j in 0..8 {
+                    (sc[j][t], mn[j][t]) = (s[j], m[j]);
                 }
+            }
+            for j in 0..8 {
+                let (s, m) = (widen_u8(&sc[j]), widen_u8(&mn[j]));
+                store(&mut p.sc[j][g..], pairs(s, s));
+                store(&mut p.mins[j][g..], pairs(m, m));
+            }
+            let qs = p.qs.as_mut_ptr().cast::<i32>().add(g);
+            for w0 in (0..32).step_by(T) {
+                let v = std::array::from_fn(|t| load8(x[t].qs.as_ptr().add(4 * w0)));
+                transpose_store(v, qs.add(w0 * N), N);
             }
         }
     }
@@ -107,35 +182,63 @@ pub fn pack_q4k<const N: usize>(
 
 /// Repack Q6_K weight rows `j0..j0 + N` (rows `>= r1` repeat row `r1 - 1`) into `out[..nb]`.
 ///
+/// # Safety
+/// AVX2 and F16C available.
+///
 /// # Panics
-/// If `w` holds fewer than `r1 * nb` blocks or `j0 >= r1`.
-pub fn pack_q6k<const N: usize>(
+/// If `w` holds fewer than `r1 * nb` blocks, `j0 >= r1` or `out` holds fewer than `nb`.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn pack_q6k<const N: usize>(
     w: &[BlockQ6K],
     nb: usize,
     j0: usize,
     r1: usize,
     out: &mut [PackedQ6K<N>],
 ) {
-    for k in 0..N {
-        for (x, p) in row(w, nb, j0, k, r1).iter().zip(&mut out[..nb]) {
-            p.d[k] = x.d.to_f32();
+    const { assert!(N.is_multiple_of(T)) };
+    let (nib, two) = (_mm256_set1_epi32(NIB), _mm256_set1_epi32(TWO));
+    for g in (0..N).step_by(T) {
+        let rows: [&[BlockQ6K]; T] = std::array::from_fn(|t| row(w, nb, j0, g + t, r1));
+        for (b, p) in out[..nb].iter_mut().enumerate() {
+            let x: [&BlockQ6K; T] = std::array::from_fn(|t| &rows[t][b]);
+            halves_to_f32(x.map(|x| x.d.to_bits()), p.d[g..g + T].as_mut_ptr());
+            let mut sc = [[0i8; T]; 16];
+            for t in 0..T {
+                for s in 0..16 {
+                    sc[s][t] = x[t].scales[s];
+                }
+            }
             for s in 0..16 {
-                p.sc[s][k] = dup(x.scales[s] as i16);
+                let v = widen_i8(&sc[s]);
+                store(&mut p.sc[s][g..], pairs(v, v));
             }
             for t in 0..8 {
-                p.scp[t][k] = pair(x.scales[2 * t] as i16, x.scales[2 * t + 1] as i16);
+                store(
+                    &mut p.scp[t][g..],
+                    pairs(widen_i8(&sc[2 * t]), widen_i8(&sc[2 * t + 1])),
+                );
             }
-            // `scalar::q6k_values` + 32, 4 values a word: the low nibbles from `ql`, two
-            // bits each from `qh`, for values `l`, `l + 32`, `l + 64`, `l + 96` of each half.
+            // `scalar::q6k_values` + 32, 4 values a word: for half `n`, the low nibbles from
+            // `ql`, two bits each from `qh`, for values `l`, `l + 32`, `l + 64`, `l + 96`
+            // (words `32n + l / 4` + 0, 8, 16, 24).
+            let q = p.q.as_mut_ptr().cast::<i32>().add(g);
             for n in 0..2 {
-                for l in (0..32).step_by(4) {
-                    let (lo, hi) = (word(&x.ql, 64 * n + l), word(&x.ql, 64 * n + 32 + l));
-                    let qh = word(&x.qh, 32 * n + l);
-                    let v = (128 * n + l) / 4;
-                    p.q[v][k] = (lo & NIB) | ((qh & TWO) << 4);
-                    p.q[v + 8][k] = (hi & NIB) | (((qh >> 2) & TWO) << 4);
-                    p.q[v + 16][k] = ((lo >> 4) & NIB) | (((qh >> 4) & TWO) << 4);
-                    p.q[v + 24][k] = ((hi >> 4) & NIB) | (((qh >> 6) & TWO) << 4);
+                for part in 0..4 {
+                    let v = std::array::from_fn(|t| {
+                        let ql = load8(x[t].ql.as_ptr().add(64 * n + 32 * (part % 2)));
+                        let qh = load8(x[t].qh.as_ptr().add(32 * n));
+                        let (ql, qh) = match part {
+                            0 => (ql, qh),
+                            1 => (ql, _mm256_srli_epi32::<2>(qh)),
+                            2 => (_mm256_srli_epi32::<4>(ql), _mm256_srli_epi32::<4>(qh)),
+                            _ => (_mm256_srli_epi32::<4>(ql), _mm256_srli_epi32::<6>(qh)),
+                        };
+                        _mm256_or_si256(
+                            _mm256_and_si256(ql, nib),
+                            _mm256_slli_epi32::<4>(_mm256_and_si256(qh, two)),
+                        )
+                    });
+                    transpose_store(v, q.add((32 * n + 8 * part) * N), N);
                 }
             }
         }
