@@ -172,19 +172,20 @@ unsafe fn tile_q4k<const R: usize>(
         }
         let dx = _mm512_load_ps(p.d.as_ptr());
         let dm = _mm512_load_ps(p.dmin.as_ptr());
-        for i in 0..R {
-            let mut summ = _mm512_setzero_si512();
-            for j in 0..8 {
-                summ = dpwssd(
-                    summ,
-                    load(&p.mins[j]),
-                    bcast4(y[i].bsums.as_ptr().add(2 * j)),
-                );
+        // One chain per row, interleaved (one row's chain after another's would wait on
+        // `vpdpwssd`'s latency).
+        let mut summ = [_mm512_setzero_si512(); R];
+        for j in 0..8 {
+            let mn = load(&p.mins[j]);
+            for i in 0..R {
+                summ[i] = dpwssd(summ[i], mn, bcast4(y[i].bsums.as_ptr().add(2 * j)));
             }
+        }
+        for i in 0..R {
             // super::acc_k per lane.
             let dy = _mm512_set1_ps(y[i].d);
             let a = _mm512_mul_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(sumi[i]));
-            let m = _mm512_mul_ps(_mm512_mul_ps(dm, dy), _mm512_cvtepi32_ps(summ));
+            let m = _mm512_mul_ps(_mm512_mul_ps(dm, dy), _mm512_cvtepi32_ps(summ[i]));
             acc[i] = _mm512_add_ps(acc[i], _mm512_sub_ps(a, m));
         }
     }
@@ -221,13 +222,17 @@ unsafe fn tile_q6k<const R: usize>(
             }
         }
         let dx = _mm512_load_ps(p.d.as_ptr());
-        for i in 0..R {
-            // Remove the +32 of the unsigned quants: `32 · Σ_s sc_s · bsum_s`.
-            let mut off = _mm512_setzero_si512();
-            for t in 0..8 {
-                off = dpwssd(off, load(&p.scp[t]), bcast4(y[i].bsums.as_ptr().add(2 * t)));
+        // Remove the +32 of the unsigned quants: `32 · Σ_s sc_s · bsum_s`, one chain per row,
+        // interleaved.
+        let mut off = [_mm512_setzero_si512(); R];
+        for t in 0..8 {
+            let scp = load(&p.scp[t]);
+            for i in 0..R {
+                off[i] = dpwssd(off[i], scp, bcast4(y[i].bsums.as_ptr().add(2 * t)));
             }
-            let sumi = _mm512_sub_epi32(sumi[i], _mm512_slli_epi32::<5>(off));
+        }
+        for i in 0..R {
+            let sumi = _mm512_sub_epi32(sumi[i], _mm512_slli_epi32::<5>(off[i]));
             // super::acc_q6k per lane.
             let dy = _mm512_set1_ps(y[i].d);
             let t = _mm512_mul_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(sumi));
