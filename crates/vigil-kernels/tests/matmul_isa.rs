@@ -67,7 +67,7 @@ fn weights(
     }
 }
 
-/// Level `isa` against the scalar path on `w`, and for Q4_0 / Q4_1 / Q8_0 also on `w` interleaved
+/// Level `isa` against the scalar path on `w`, and for Q4_0 / Q4_1 / Q8_0 / Q4_K also on `w` interleaved
 /// as the loader stores it (`quant::interleave`), on that level and on the scalar path.
 fn check(pool: &ThreadPool, isa: Isa, w: &QMatrix, x: &[f32], m: usize, what: &str) {
     let mut slow = vec![f32::NAN; m * w.rows];

@@ -20,7 +20,8 @@ use crate::quant::blocks::*;
 use crate::{DType, Layout, QMatrix};
 use acts::{Quantizer, Scratch};
 use paths::{
-    rows_32, rows_float, rows_k, rows_x8, Q4KFmt, Q4_0Fmt, Q4_1Fmt, Q5KFmt, Q6KFmt, Q8_0Fmt,
+    rows_32, rows_float, rows_k, rows_q4k_x8, rows_x8, Q4KFmt, Q4_0Fmt, Q4_1Fmt, Q5KFmt, Q6KFmt,
+    Q8_0Fmt,
 };
 use std::cell::RefCell;
 
@@ -42,6 +43,12 @@ const AMX_MIN_ROWS: usize = 16;
 /// rows 0.495 against 0.745.
 const Q4K_GEMM_MIN_ROWS: usize = 8;
 const Q6K_GEMM_MIN_ROWS: usize = 16;
+/// The same for Q4_K interleaved at load, whose packing is a copy and a scale unpack 8 rows
+/// at a time, against its decode tile (`avx2_q4k_decode`). Gemma 3 270M's shapes, one thread:
+/// at 3 rows the tile took 0.090-0.093 ms and the GEMM 0.077-0.083 on AVX-512 but 0.106-0.110
+/// against 0.111-0.115 held to AVX2; at 4 rows 0.117-0.121 against 0.103-0.119 (AVX-512) and
+/// 0.130-0.140 against 0.104-0.108 (AVX2).
+const Q4K_X8_GEMM_MIN_ROWS: usize = 4;
 /// Below this many activation rows the k-quants take the 8-weight-row decode tile
 /// (`avx2_k_decode`, which unpacks a weight block once per activation row); from it, until
 /// their GEMM, `avx2_k`'s row tile (once per 4 activation rows).
@@ -200,7 +207,10 @@ fn check_shapes(w: &QMatrix, x: &[f32], m: usize, out: &[f32]) {
         let float =
             w.dtype.is_float() && w.cols.is_multiple_of(crate::quant::interleave::FLOAT_CHUNK);
         assert!(
-            matches!(w.dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) || float,
+            matches!(
+                w.dtype,
+                DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K
+            ) || float,
             "matmul: {} × {} {} has no interleaved layout",
             w.rows,
             w.cols,
@@ -393,9 +403,23 @@ fn run(
         }
         DType::Q4K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            split_rows(pool, parts, align_k(Q4K_GEMM_MIN_ROWS), |p, r0, r1| {
-                let wb = blocks_of::<BlockQ4K>(p.w);
-                rows_k::<Q4KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+            let x8 = first.w.layout == Layout::Interleaved8;
+            let min_rows = if x8 {
+                Q4K_X8_GEMM_MIN_ROWS
+            } else {
+                Q4K_GEMM_MIN_ROWS
+            };
+            split_rows(pool, parts, align_k(min_rows), |p, r0, r1| {
+                match p.w.layout {
+                    Layout::Rows => {
+                        let wb = blocks_of::<BlockQ4K>(p.w);
+                        rows_k::<Q4KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+                    }
+                    Layout::Interleaved8 => {
+                        let wb = groups_of::<BlockQ4Kx8>(p.w);
+                        rows_q4k_x8(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+                    }
+                }
             });
         }
         DType::Q5K => {

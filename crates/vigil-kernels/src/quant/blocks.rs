@@ -104,6 +104,23 @@ pub struct BlockQ4K {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 
+/// Block `b` of 8 Q4_K rows interleaved at load (`quant::interleave`): the 8 rows' `d` and
+/// `dmin` side by side, then their packed scale bytes and their nibbles 4 bytes per row:
+/// `scales[i][4k..4k + 4]` is bytes `4i..4i + 4` of row `k`'s `scales` (ggml's three words,
+/// which its `kmask` steps unpack word by word, so 8 rows unpack in one register), and
+/// `qs[h][4k..4k + 4]` bytes `4h..4h + 4` of its `qs`. One 256-bit load of `qs` is one dword
+/// of every row: the order `avx2_kgemm` multiplies in, and the 8-row decode tile's
+/// (`avx2_q4k_decode`).
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ4Kx8 {
+    pub d: [f16; 8],
+    pub dmin: [f16; 8],
+    pub scales: [[u8; 32]; 3],
+    pub qs: [[u8; 32]; 32],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4Kx8>() == 8 * 144);
+
 /// Q4_K plus a fifth bit per value in `qh`.
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 #[repr(C)]

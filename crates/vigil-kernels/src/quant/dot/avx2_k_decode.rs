@@ -1,6 +1,7 @@
-//! The k-quant decode tile (Q4_K, Q5_K, Q6_K weights × one Q8_K activation row): 8 weight rows
-//! at a time, each row's block dot left in i32 lanes and the 8 rows' lanes reduced together,
-//! so a block's float fold runs once for the 8 rows.
+//! The k-quant decode tile for row-major matrices (Q5_K, Q6_K, and Q4_K where the loader did
+//! not interleave it: `avx2_q4k_decode` takes interleaved Q4_K) × one Q8_K activation row: 8
+//! weight rows at a time, each row's block dot left in i32 lanes and the 8 rows' lanes reduced
+//! together, so a block's float fold runs once for the 8 rows.
 //!
 //! `avx2_k::tile` (one weight row, up to 4 activation rows) suits a few activation rows, but a
 //! decode step has one: there each weight block paid two horizontal sums (its dot and Q6_K's

@@ -23,9 +23,9 @@
 use super::avx2::IntDot;
 use super::avx2_gemm::store8;
 use super::gemm_driver::{drive, with_buffer, Repacked};
-use super::kgemm_pack::{pack_q4k, pack_q6k, PackedQ4K, PackedQ6K};
+use super::kgemm_pack::{pack_q4k, pack_q4k_x8, pack_q6k, PackedQ4K, PackedQ6K};
 use super::Acts32;
-use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
+use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ6K, BlockQ8K};
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
@@ -34,6 +34,9 @@ const MR: usize = 4;
 
 /// The 8-row Q4_K kernel with integer dot `D`.
 pub struct Q4K8<D>(PhantomData<D>);
+/// The 8-row Q4_K kernel with integer dot `D`, on a matrix interleaved at load
+/// (`BlockQ4Kx8`).
+pub struct Q4K8X8<D>(PhantomData<D>);
 /// The 8-row Q6_K kernel with integer dot `D`.
 pub struct Q6K8<D>(PhantomData<D>);
 
@@ -46,6 +49,30 @@ impl<D: IntDot> Repacked for Q4K8<D> {
     #[inline(always)]
     unsafe fn pack(w: &[BlockQ4K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ4K<8>]) {
         pack_q4k(w, nb, j0, r1, out)
+    }
+    #[inline(always)]
+    unsafe fn tile<const R: usize>(
+        pk: &[PackedQ4K<8>],
+        acts: &Acts32<BlockQ8K>,
+        i0: usize,
+    ) -> [__m256; R] {
+        tile_q4k::<D, R>(pk, acts, i0)
+    }
+    #[inline(always)]
+    unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
+        store8(dst, v, n)
+    }
+}
+
+impl<D: IntDot> Repacked for Q4K8X8<D> {
+    type W = BlockQ4Kx8;
+    type A = BlockQ8K;
+    type Packed = PackedQ4K<8>;
+    type Lanes = __m256;
+    const NR: usize = 8;
+    #[inline(always)]
+    unsafe fn pack(w: &[BlockQ4Kx8], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ4K<8>]) {
+        pack_q4k_x8(w, nb, j0, r1, out)
     }
     #[inline(always)]
     unsafe fn tile<const R: usize>(
@@ -202,7 +229,7 @@ unsafe fn tile_q6k<D: IntDot, const R: usize>(
 }
 
 /// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`, 8 weight
-/// rows a group, with AVX2; `K` is `Q4K8<avx2::Avx2>` or `Q6K8<avx2::Avx2>`.
+/// rows a group, with AVX2; `K` is `Q4K8`, `Q4K8X8` or `Q6K8` of `avx2::Avx2`.
 ///
 /// # Safety
 /// AVX2+FMA+F16C available; `w` holds `rows * nb` blocks; `acts` holds `m * nb` blocks; `out`
@@ -219,8 +246,8 @@ pub unsafe fn matmul_rows<K: Repacked<A = BlockQ8K, Lanes = __m256>>(
     with_buffer(acts.nb, |pk| drive::<K, MR>(pk, w, rows, acts, r0, r1, out))
 }
 
-/// `matmul_rows` with AVX-VNNI (`vpdpwssd` for `madd` + `add`); `K` is `Q4K8<vnni::AvxVnni>`
-/// or `Q6K8<vnni::AvxVnni>`.
+/// `matmul_rows` with AVX-VNNI (`vpdpwssd` for `madd` + `add`); `K` is `Q4K8`, `Q4K8X8` or
+/// `Q6K8` of `vnni::AvxVnni`.
 ///
 /// # Safety
 /// AVX2+FMA+F16C+AVX-VNNI available; otherwise as `matmul_rows`.

@@ -25,9 +25,9 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::gemm_driver::{drive, with_buffer, Repacked};
-use super::kgemm_pack::{pack_q4k, pack_q6k, PackedQ4K, PackedQ6K};
+use super::kgemm_pack::{pack_q4k, pack_q4k_x8, pack_q6k, PackedQ4K, PackedQ6K};
 use super::Acts32;
-use crate::quant::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
+use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ6K, BlockQ8K};
 use std::arch::x86_64::*;
 
 /// Activation rows per register tile: 8 `vpdpbusd` chains (one per row) hide its latency
@@ -36,6 +36,8 @@ const MR: usize = 8;
 
 /// The 16-row Q4_K kernel.
 pub struct Q4K16;
+/// The 16-row Q4_K kernel on a matrix interleaved at load (`BlockQ4Kx8`).
+pub struct Q4K16X8;
 /// The 16-row Q6_K kernel.
 pub struct Q6K16;
 
@@ -48,6 +50,30 @@ impl Repacked for Q4K16 {
     #[inline]
     unsafe fn pack(w: &[BlockQ4K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ4K<16>]) {
         pack_q4k(w, nb, j0, r1, out)
+    }
+    #[inline]
+    unsafe fn tile<const R: usize>(
+        pk: &[PackedQ4K<16>],
+        acts: &Acts32<BlockQ8K>,
+        i0: usize,
+    ) -> [__m512; R] {
+        tile_q4k::<R>(pk, acts, i0)
+    }
+    #[inline]
+    unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
+        store16(dst, v, n)
+    }
+}
+
+impl Repacked for Q4K16X8 {
+    type W = BlockQ4Kx8;
+    type A = BlockQ8K;
+    type Packed = PackedQ4K<16>;
+    type Lanes = __m512;
+    const NR: usize = 16;
+    #[inline]
+    unsafe fn pack(w: &[BlockQ4Kx8], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ4K<16>]) {
+        pack_q4k_x8(w, nb, j0, r1, out)
     }
     #[inline]
     unsafe fn tile<const R: usize>(
@@ -250,7 +276,7 @@ unsafe fn store16(dst: *mut f32, v: __m512, n: usize) {
 }
 
 /// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`, 16 weight
-/// rows a group; `K` is `Q4K16` or `Q6K16`.
+/// rows a group; `K` is `Q4K16`, `Q4K16X8` or `Q6K16`.
 ///
 /// # Safety
 /// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI available; `w` holds `rows * nb` blocks; `acts`

@@ -17,8 +17,9 @@
 // Index loops mirror the block layouts.
 #![allow(clippy::needless_range_loop)]
 
+use super::avx2_q4k_decode::{scales_mins, shuffle, SCALE_DUP};
 use super::scales_mins_k4;
-use crate::quant::blocks::{BlockQ4K, BlockQ6K};
+use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ6K};
 use std::arch::x86_64::*;
 
 /// One Q4_K super-block of `N` weight rows.
@@ -175,6 +176,46 @@ pub unsafe fn pack_q4k<const N: usize>(
             for w0 in (0..32).step_by(T) {
                 let v = std::array::from_fn(|t| load8(x[t].qs.as_ptr().add(4 * w0)));
                 transpose_store(v, qs.add(w0 * N), N);
+            }
+        }
+    }
+}
+
+/// `pack_q4k` from a matrix interleaved at load (`w`: its groups of 8 rows, `nb` blocks
+/// each): the quants are already in this order (a copy), the scales unpack 8 rows at a time
+/// (`avx2_q4k_decode::scales_mins`). Groups past row `r1 - 1`'s repeat it.
+///
+/// # Safety
+/// AVX2 and F16C available.
+///
+/// # Panics
+/// If `w` holds fewer groups than row `r1 - 1`'s, `j0 >= r1` or `out` holds fewer than `nb`.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn pack_q4k_x8<const N: usize>(
+    w: &[BlockQ4Kx8],
+    nb: usize,
+    j0: usize,
+    r1: usize,
+    out: &mut [PackedQ4K<N>],
+) {
+    const { assert!(N.is_multiple_of(T)) };
+    for g in (0..N).step_by(T) {
+        let group = (j0 + g).min(r1 - 1) / T;
+        let src = &w[group * nb..(group + 1) * nb];
+        for (x, p) in src.iter().zip(&mut out[..nb]) {
+            halves_to_f32(x.d.map(|d| d.to_bits()), p.d[g..g + T].as_mut_ptr());
+            halves_to_f32(x.dmin.map(|d| d.to_bits()), p.dmin[g..g + T].as_mut_ptr());
+            let sm = scales_mins(x);
+            for j in 0..8 {
+                store(&mut p.sc[j][g..], shuffle(sm[j / 4], &SCALE_DUP[j % 4]));
+                store(
+                    &mut p.mins[j][g..],
+                    shuffle(sm[2 + j / 4], &SCALE_DUP[j % 4]),
+                );
+            }
+            let qs = p.qs.as_mut_ptr().cast::<i32>().add(g);
+            for (v, words) in x.qs.iter().enumerate() {
+                _mm256_storeu_si256(qs.add(v * N).cast(), load8(words.as_ptr()));
             }
         }
     }

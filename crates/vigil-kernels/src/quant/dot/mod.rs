@@ -45,6 +45,8 @@ pub mod avx2_kgemm;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_q4_decode;
 #[cfg(target_arch = "x86_64")]
+pub mod avx2_q4k_decode;
+#[cfg(target_arch = "x86_64")]
 pub mod avx2_q8_decode;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_bf16;

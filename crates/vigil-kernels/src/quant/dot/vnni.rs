@@ -171,7 +171,8 @@ pub unsafe fn rows32_avx512vl<F: Fmt32>(
     avx2::rows_with::<Avx512Vl, F>(w, rows, acts, r0, r1, out)
 }
 
-/// `avx2_q4_decode::matmul_rows_x8` (interleaved Q4_0 / Q4_1 / Q8_0, decode) with AVX-VNNI.
+/// `avx2_q4_decode::matmul_rows_x8` (interleaved Q4_0 / Q4_1 / Q8_0 / Q4_K, decode) with
+/// AVX-VNNI.
 ///
 /// # Safety
 /// AVX2+FMA+F16C+AVX-VNNI available; otherwise as `avx2_q4_decode::matmul_rows_x8`.
@@ -187,7 +188,7 @@ pub unsafe fn rows_x8_avx_vnni<T: GroupTiles>(
     avx2_q4_decode::rows_x8_with::<AvxVnni, T>(w, rows, acts, r0, r1, out)
 }
 
-/// `avx2_q4_decode::matmul_rows_x8` (interleaved Q4_0 / Q4_1 / Q8_0, decode) with
+/// `avx2_q4_decode::matmul_rows_x8` (interleaved Q4_0 / Q4_1 / Q8_0 / Q4_K, decode) with
 /// AVX512-VNNI on 256 bits.
 ///
 /// # Safety
