@@ -36,22 +36,25 @@ const GEMM_MIN_ROWS: usize = 4;
 /// tiles (`amx_gemm`), whose tiles are 16 activation rows (fewer run on `avx512_gemm`'s
 /// tiles, one row at a time).
 const AMX_MIN_ROWS: usize = 16;
-/// The same for Q4_K and Q6_K (`avx2_kgemm`, `avx512_kgemm`), whose packing costs more per
-/// weight (Q6_K's most: its 6-bit quants are rebuilt from two planes). Gemma 3 270M's shapes
-/// (640 × 1024 and 640 × 2048), one thread, AVX-512: Q4_K at 4 rows 0.194 ms against the row
-/// tiles' 0.187, at 8 rows 0.207 against 0.371; Q6_K at 8 rows 0.406 against 0.373, at 16
-/// rows 0.495 against 0.745.
-const Q4K_GEMM_MIN_ROWS: usize = 8;
-const Q6K_GEMM_MIN_ROWS: usize = 16;
+/// The same for row-major Q4_K and Q6_K (`avx2_kgemm`, `avx512_kgemm`), whose packing is 8
+/// rows at a time in registers (`kgemm_pack`; it was word by word, and these were 8 and 16).
+/// Gemma 3 270M's shapes (640 × 1024 and 640 × 2048), one thread, 2 rounds, the row tiles
+/// against the GEMM per layer: at 3 rows Q4_K 0.183 against 0.124–0.128 ms on AVX-512 and
+/// 0.161–0.181 against 0.144–0.163 held to AVX2, Q6_K 0.207–0.212 against 0.166–0.168 and
+/// 0.226–0.246 against 0.143–0.161; at 2 rows Q6_K 0.139–0.142 against 0.144–0.152 on
+/// AVX-512; at 8 rows Q6_K 0.435–0.447 against 0.176–0.251 (`docs/benchmarks.md`).
+const Q4K_GEMM_MIN_ROWS: usize = 3;
+const Q6K_GEMM_MIN_ROWS: usize = 3;
 /// The same for Q4_K interleaved at load, whose packing is a copy and a scale unpack 8 rows
 /// at a time, against its decode tile (`avx2_q4k_decode`). Gemma 3 270M's shapes, one thread:
 /// at 3 rows the tile took 0.090-0.093 ms and the GEMM 0.077-0.083 on AVX-512 but 0.106-0.110
 /// against 0.111-0.115 held to AVX2; at 4 rows 0.117-0.121 against 0.103-0.119 (AVX-512) and
 /// 0.130-0.140 against 0.104-0.108 (AVX2).
 const Q4K_X8_GEMM_MIN_ROWS: usize = 4;
-/// Below this many activation rows the k-quants take the 8-weight-row decode tile
-/// (`avx2_k_decode`, which unpacks a weight block once per activation row); from it, until
-/// their GEMM, `avx2_k`'s row tile (once per 4 activation rows).
+/// Below this many activation rows (and their GEMM's) the row-major k-quants take the
+/// 8-weight-row decode tile (`avx2_k_decode`, which unpacks a weight block once per activation
+/// row); from it Q5_K, which has no GEMM, takes `avx2_k`'s row tile (once per 4 activation
+/// rows).
 const K_DECODE_MAX_ROWS: usize = 4;
 /// The same for the float formats (`avx2_float_gemm`): widening and packing each weight block
 /// pays off from about 8 rows (BF16 1024 × 1024, one thread: at 4 rows the row tiles took
