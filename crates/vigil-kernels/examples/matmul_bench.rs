@@ -5,7 +5,7 @@
 //! `q4_0` time SmolLM2-135M's q, k, v, o, gate, up and down (`q4_1x8`, `q4_0x8`: interleaved
 //! as the loader stores them); `q8_0` (`q8_0x8`), `bf16`, `f16` and `f32`
 //! time Qwen3-0.6B's distinct projection shapes; `q8_0_output` SmolLM2's Q8_0 output
-//! projection (`q8_0_outputx8` interleaved); `q4_k` and `q6_k` Gemma 3 270M's k-quant ones
+//! projection (`q8_0_outputx8` interleaved); `q4_k`, `q5_k` and `q6_k` Gemma 3 270M's k-quant ones
 //! (its Q4_K_M file's attention output and down projection). Random weights and activations; prints the
 //! best time and GFLOP/s (2 · m · rows · cols) per shape and for the layer. Under `valgrind
 //! --tool=callgrind` use 1 thread and 1 rep for instruction counts.
@@ -77,7 +77,7 @@ fn random_element(dtype: DType, seed: &mut u64, out: &mut [u8]) {
                 };
             }
         }
-        DType::Q4K | DType::Q6K => {
+        DType::Q4K | DType::Q5K | DType::Q6K => {
             // Random quants and sub-block scales (and mins), realistic super-block scales.
             for q in out.iter_mut() {
                 *q = next(seed) as u8;
@@ -136,10 +136,11 @@ fn main() {
         "f16" => (DType::F16, &QWEN3_0_6B),
         "f32" => (DType::F32, &QWEN3_0_6B),
         "q4_k" => (DType::Q4K, &GEMMA3_270M_K),
+        "q5_k" => (DType::Q5K, &GEMMA3_270M_K),
         "q6_k" => (DType::Q6K, &GEMMA3_270M_K),
         other => {
             eprintln!(
-                "format {other:?}: expected q4_1, q4_0, q8_0, q8_0_output (x8: interleaved), q4_k, q6_k, bf16, f16 or f32"
+                "format {other:?}: expected q4_1, q4_0, q8_0, q8_0_output (x8: interleaved), q4_k, q5_k, q6_k, bf16, f16 or f32"
             );
             std::process::exit(2);
         }

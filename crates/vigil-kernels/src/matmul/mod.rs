@@ -45,6 +45,12 @@ const AMX_MIN_ROWS: usize = 16;
 /// AVX-512; at 8 rows Q6_K 0.435–0.447 against 0.176–0.251 (`docs/benchmarks.md`).
 const Q4K_GEMM_MIN_ROWS: usize = 3;
 const Q6K_GEMM_MIN_ROWS: usize = 3;
+/// The same for Q5_K (Q4_K's tiles with the fifth bit or-ed in), against the row tiles it took
+/// at every row count before: at 3 rows 0.206–0.227 ms against the GEMM's 0.176–0.178 on
+/// AVX-512 but 0.225–0.226 against 0.263–0.264 held to AVX2; at 4 rows 0.242–0.246 against
+/// 0.203–0.216 and 0.296–0.321 against 0.208–0.211; at 128 rows 8.1–8.4 against 1.6–1.7 and
+/// 8.7–8.9 against 3.9 (`docs/results/kquant-prefill-xeon-1207/q5k-gemm.txt`).
+const Q5K_GEMM_MIN_ROWS: usize = 4;
 /// The same for Q4_K interleaved at load, whose packing is a copy and a scale unpack 8 rows
 /// at a time, against its decode tile (`avx2_q4k_decode`). Gemma 3 270M's shapes, one thread:
 /// at 3 rows the tile took 0.090-0.093 ms and the GEMM 0.077-0.083 on AVX-512 but 0.106-0.110
@@ -53,8 +59,7 @@ const Q6K_GEMM_MIN_ROWS: usize = 3;
 const Q4K_X8_GEMM_MIN_ROWS: usize = 4;
 /// Below this many activation rows (and their GEMM's) the row-major k-quants take the
 /// 8-weight-row decode tile (`avx2_k_decode`, which unpacks a weight block once per activation
-/// row); from it Q5_K, which has no GEMM, takes `avx2_k`'s row tile (once per 4 activation
-/// rows).
+/// row); `avx2_k`'s row tile is left for a last group of fewer than 8 weight rows.
 const K_DECODE_MAX_ROWS: usize = 4;
 /// The same for the float formats (`avx2_float_gemm`): widening and packing each weight block
 /// pays off from about 8 rows (BF16 1024 × 1024, one thread: at 4 rows the row tiles took
@@ -427,7 +432,7 @@ fn run(
         }
         DType::Q5K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            split_rows(pool, parts, ROW_ALIGN, |p, r0, r1| {
+            split_rows(pool, parts, align_k(Q5K_GEMM_MIN_ROWS), |p, r0, r1| {
                 let wb = blocks_of::<BlockQ5K>(p.w);
                 rows_k::<Q5KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
             });

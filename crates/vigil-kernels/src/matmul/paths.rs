@@ -7,7 +7,7 @@
 use super::FLOAT_GEMM_MIN_ROWS;
 use super::{
     Path, AMX_MIN_ROWS, GEMM_MIN_ROWS, K_DECODE_MAX_ROWS, Q4K_GEMM_MIN_ROWS, Q4K_X8_GEMM_MIN_ROWS,
-    Q6K_GEMM_MIN_ROWS,
+    Q5K_GEMM_MIN_ROWS, Q6K_GEMM_MIN_ROWS,
 };
 use crate::cpu::Isa;
 use crate::pool::SyncPtr;
@@ -258,7 +258,7 @@ pub(super) trait FmtKPath {
 /// `$avx`: the format's marker type in `quant::dot::avx2_k` (the row tiles, for every `m`
 /// unless the format has GEMM kernels). `$zmm`, `$ymm`: its repacked-weight GEMM kernels in
 /// `avx512_kgemm` (16 rows) and `avx2_kgemm` (8 rows, generic over the integer dot), used
-/// from `$min` activation rows on (`Q4K_GEMM_MIN_ROWS`, `Q6K_GEMM_MIN_ROWS`).
+/// from `$min` activation rows on (`Q4K_GEMM_MIN_ROWS`, `Q5K_GEMM_MIN_ROWS`, `Q6K_GEMM_MIN_ROWS`).
 macro_rules! fmtk {
     (@impl $name:ident, $w:ty, $dot:path, $avx:ty, [$($zmm:ty, $ymm:ident, $min:expr)?]) => {
         pub(super) struct $name;
@@ -344,7 +344,10 @@ fmtk!(
     Q5KFmt,
     BlockQ5K,
     scalar::dot_q5k_q8k,
-    crate::quant::dot::avx2_k::Q5K
+    crate::quant::dot::avx2_k::Q5K,
+    crate::quant::dot::avx512_kgemm::Q5K16,
+    Q5K8,
+    Q5K_GEMM_MIN_ROWS
 );
 fmtk!(
     Q6KFmt,

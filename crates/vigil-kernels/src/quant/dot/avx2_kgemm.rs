@@ -1,4 +1,4 @@
-//! AVX2 prefill micro-kernels for Q4_K and Q6_K weights × Q8_K activations, over super-blocks
+//! AVX2 prefill micro-kernels for Q4_K, Q5_K and Q6_K weights × Q8_K activations, over super-blocks
 //! of 8 weight rows repacked by `kgemm_pack` (i32 lane `k` is weight row `j0 + k`).
 //!
 //! Per super-block and activation row, `maddubs` multiplies the unsigned weight quants by the
@@ -9,12 +9,14 @@
 //! - Q4_K: a sub-block's 32 values add up in i16 (at most 8 · 2 · 15 · 128 = 30720), then
 //!   `madd` with the scale; the min term is one `madd` per sub-block of `dup(min)` with the
 //!   activation's `bsums` pair. Folded as `super::acc_k`.
+//! - Q5_K: Q4_K's, each weight vector's fifth bits or-ed in from `qh`; its values (0..31) fill
+//!   i16 in half a sub-block (4 · 2 · 31 · 128 = 31744), so two `madd`s a sub-block.
 //! - Q6_K: quants enter unsigned (`q + 32`, 0..63), so pairs of vectors add up in i16 (at most
 //!   2 · 2 · 63 · 128 = 32256); `-32 · Σ_s sc_s · bsum_s` removes the offset. Folded as
 //!   `super::acc_q6k`.
 //!
 //! The float fold is the scalar path's IEEE operations per lane in block order, so every
-//! output equals `scalar::dot_q4k_q8k` / `dot_q6k_q8k` bit for bit. The kernels are generic
+//! output equals `scalar::dot_q4k_q8k` / `dot_q5k_q8k` / `dot_q6k_q8k` bit for bit. The kernels are generic
 //! over `IntDot`, so the AVX-VNNI entry point compiles the `madd` + `add` as one `vpdpwssd`.
 
 // Index loops mirror the block layouts and the tile shapes.
@@ -23,9 +25,11 @@
 use super::avx2::IntDot;
 use super::avx2_gemm::store8;
 use super::gemm_driver::{drive, with_buffer, Repacked};
-use super::kgemm_pack::{pack_q4k, pack_q4k_x8, pack_q6k, PackedQ4K, PackedQ6K};
+use super::kgemm_pack::{
+    pack_k4, pack_q4k_x8, pack_q6k, PackedK4, PackedQ4K, PackedQ5K, PackedQ6K,
+};
 use super::Acts32;
-use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ6K, BlockQ8K};
+use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ6K, BlockQ8K};
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
@@ -37,6 +41,8 @@ pub struct Q4K8<D>(PhantomData<D>);
 /// The 8-row Q4_K kernel with integer dot `D`, on a matrix interleaved at load
 /// (`BlockQ4Kx8`).
 pub struct Q4K8X8<D>(PhantomData<D>);
+/// The 8-row Q5_K kernel with integer dot `D`.
+pub struct Q5K8<D>(PhantomData<D>);
 /// The 8-row Q6_K kernel with integer dot `D`.
 pub struct Q6K8<D>(PhantomData<D>);
 
@@ -48,7 +54,7 @@ impl<D: IntDot> Repacked for Q4K8<D> {
     const NR: usize = 8;
     #[inline(always)]
     unsafe fn pack(w: &[BlockQ4K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ4K<8>]) {
-        pack_q4k(w, nb, j0, r1, out)
+        pack_k4(w, nb, j0, r1, out)
     }
     #[inline(always)]
     unsafe fn tile<const R: usize>(
@@ -56,7 +62,7 @@ impl<D: IntDot> Repacked for Q4K8<D> {
         acts: &Acts32<BlockQ8K>,
         i0: usize,
     ) -> [__m256; R] {
-        tile_q4k::<D, R>(pk, acts, i0)
+        tile_k4::<D, R, 0>(pk, acts, i0)
     }
     #[inline(always)]
     unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
@@ -80,7 +86,31 @@ impl<D: IntDot> Repacked for Q4K8X8<D> {
         acts: &Acts32<BlockQ8K>,
         i0: usize,
     ) -> [__m256; R] {
-        tile_q4k::<D, R>(pk, acts, i0)
+        tile_k4::<D, R, 0>(pk, acts, i0)
+    }
+    #[inline(always)]
+    unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
+        store8(dst, v, n)
+    }
+}
+
+impl<D: IntDot> Repacked for Q5K8<D> {
+    type W = BlockQ5K;
+    type A = BlockQ8K;
+    type Packed = PackedQ5K<8>;
+    type Lanes = __m256;
+    const NR: usize = 8;
+    #[inline(always)]
+    unsafe fn pack(w: &[BlockQ5K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ5K<8>]) {
+        pack_k4(w, nb, j0, r1, out)
+    }
+    #[inline(always)]
+    unsafe fn tile<const R: usize>(
+        pk: &[PackedQ5K<8>],
+        acts: &Acts32<BlockQ8K>,
+        i0: usize,
+    ) -> [__m256; R] {
+        tile_k4::<D, R, 8>(pk, acts, i0)
     }
     #[inline(always)]
     unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
@@ -129,10 +159,11 @@ unsafe fn act_rows<const R: usize>(acts: &Acts32<BlockQ8K>, i0: usize) -> [*cons
     std::array::from_fn(|i| acts.blocks.as_ptr().add((i0 + i) * acts.nb))
 }
 
-/// Q4_K: the `R × 8` outputs of activation rows `i0..i0 + R` against one group.
+/// Q4_K (`QH` = 0) or Q5_K (`QH` = 8): the `R × 8` outputs of activation rows `i0..i0 + R`
+/// against one group.
 #[inline(always)]
-unsafe fn tile_q4k<D: IntDot, const R: usize>(
-    pk: &[PackedQ4K<8>],
+unsafe fn tile_k4<D: IntDot, const R: usize, const QH: usize>(
+    pk: &[PackedK4<8, QH>],
     acts: &Acts32<BlockQ8K>,
     i0: usize,
 ) -> [__m256; R] {
@@ -144,20 +175,37 @@ unsafe fn tile_q4k<D: IntDot, const R: usize>(
         let y: [&BlockQ8K; R] = std::array::from_fn(|i| &*ya[i].add(b));
         let mut sumi = [_mm256_setzero_si256(); R];
         for j in 0..8 {
+            let sc = load(&p.sc[j]);
             let mut s16 = [_mm256_setzero_si256(); R];
             for h in 0..8 {
                 let raw = load(&p.qs[j / 2][h]);
-                let q = if j % 2 == 0 {
+                let mut q = if j % 2 == 0 {
                     _mm256_and_si256(raw, mask)
                 } else {
                     _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask)
                 };
+                if QH > 0 {
+                    // Q5_K: bit j of each `qh` byte to bit 4.
+                    let qh = load(&p.qh[h]);
+                    let moved = if j <= 4 {
+                        _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - j as i32))
+                    } else {
+                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32 - 4))
+                    };
+                    q = _mm256_or_si256(q, _mm256_and_si256(moved, _mm256_set1_epi8(0x10)));
+                }
                 for i in 0..R {
                     let yv = bcast4(y[i].qs.as_ptr().add(32 * j + 4 * h));
                     s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(q, yv));
                 }
+                // Q5_K's 5-bit quants fill i16 in 4 steps (4 · 2 · 31 · 128 = 31744).
+                if QH > 0 && h == 3 {
+                    for i in 0..R {
+                        sumi[i] = D::madd_acc(sumi[i], s16[i], sc);
+                        s16[i] = _mm256_setzero_si256();
+                    }
+                }
             }
-            let sc = load(&p.sc[j]);
             for i in 0..R {
                 sumi[i] = D::madd_acc(sumi[i], s16[i], sc);
             }
@@ -229,7 +277,7 @@ unsafe fn tile_q6k<D: IntDot, const R: usize>(
 }
 
 /// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`, 8 weight
-/// rows a group, with AVX2; `K` is `Q4K8`, `Q4K8X8` or `Q6K8` of `avx2::Avx2`.
+/// rows a group, with AVX2; `K` is `Q4K8`, `Q4K8X8`, `Q5K8` or `Q6K8` of `avx2::Avx2`.
 ///
 /// # Safety
 /// AVX2+FMA+F16C available; `w` holds `rows * nb` blocks; `acts` holds `m * nb` blocks; `out`
@@ -246,8 +294,8 @@ pub unsafe fn matmul_rows<K: Repacked<A = BlockQ8K, Lanes = __m256>>(
     with_buffer(acts.nb, |pk| drive::<K, MR>(pk, w, rows, acts, r0, r1, out))
 }
 
-/// `matmul_rows` with AVX-VNNI (`vpdpwssd` for `madd` + `add`); `K` is `Q4K8`, `Q4K8X8` or
-/// `Q6K8` of `vnni::AvxVnni`.
+/// `matmul_rows` with AVX-VNNI (`vpdpwssd` for `madd` + `add`); `K` is `Q4K8`, `Q4K8X8`, `Q5K8`
+/// or `Q6K8` of `vnni::AvxVnni`.
 ///
 /// # Safety
 /// AVX2+FMA+F16C+AVX-VNNI available; otherwise as `matmul_rows`.

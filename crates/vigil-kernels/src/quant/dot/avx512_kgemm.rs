@@ -1,4 +1,4 @@
-//! 512-bit VNNI prefill micro-kernels for Q4_K and Q6_K weights × Q8_K activations, over
+//! 512-bit VNNI prefill micro-kernels for Q4_K, Q5_K and Q6_K weights × Q8_K activations, over
 //! super-blocks of 16 weight rows repacked by `kgemm_pack` (i32 lane `k` is weight row
 //! `j0 + k`).
 //!
@@ -13,21 +13,26 @@
 //! - Q4_K: `sumi = Σ_j sc_j · Σ q·y` (8 sub-blocks of 32, quants 0..15) and
 //!   `summ = Σ_j min_j · (bsum_2j + bsum_2j+1)` (one `vpdpwssd` per sub-block on the
 //!   activation's `bsums`), folded as `super::acc_k`.
+//! - Q5_K: Q4_K's, each weight vector's fifth bits or-ed in from `qh` (sums at most
+//!   32 · 31 · 128, below 2^23 too).
 //! - Q6_K: the quants enter unsigned (`q + 32`, 0..63), so `Σ_s sc_s · Σ (q + 32)·y` is
 //!   corrected by `-32 · Σ_s sc_s · bsum_s` (8 `vpdpwssd`); folded as `super::acc_q6k`.
 //!
 //! Every integer step is exact (at most 32 · 15 · 128 per Q4_K sub-block, 16 · 63 · 128 per
-//! Q6_K one: below 2^23, so `s >> 8` fits an i16; well inside i32 after scaling) and the float fold is the scalar path's IEEE
-//! operations per lane in block order, so every output equals `scalar::dot_q4k_q8k` /
-//! `dot_q6k_q8k` bit for bit. The loop over chunks, groups and tiles is `gemm_driver::drive`.
+//! Q6_K one: below 2^23, so `s >> 8` fits an i16; well inside i32 after scaling) and the float
+//! fold is the scalar path's IEEE operations per lane in block order, so every output equals
+//! `scalar::dot_q4k_q8k` / `dot_q5k_q8k` / `dot_q6k_q8k` bit for bit. The loop over chunks,
+//! groups and tiles is `gemm_driver::drive`.
 
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
 use super::gemm_driver::{drive, with_buffer, Repacked};
-use super::kgemm_pack::{pack_q4k, pack_q4k_x8, pack_q6k, PackedQ4K, PackedQ6K};
+use super::kgemm_pack::{
+    pack_k4, pack_q4k_x8, pack_q6k, PackedK4, PackedQ4K, PackedQ5K, PackedQ6K,
+};
 use super::Acts32;
-use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ6K, BlockQ8K};
+use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ6K, BlockQ8K};
 use std::arch::x86_64::*;
 
 /// Activation rows per register tile: 8 `vpdpbusd` chains (one per row) hide its latency
@@ -38,6 +43,8 @@ const MR: usize = 8;
 pub struct Q4K16;
 /// The 16-row Q4_K kernel on a matrix interleaved at load (`BlockQ4Kx8`).
 pub struct Q4K16X8;
+/// The 16-row Q5_K kernel.
+pub struct Q5K16;
 /// The 16-row Q6_K kernel.
 pub struct Q6K16;
 
@@ -49,7 +56,7 @@ impl Repacked for Q4K16 {
     const NR: usize = 16;
     #[inline]
     unsafe fn pack(w: &[BlockQ4K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ4K<16>]) {
-        pack_q4k(w, nb, j0, r1, out)
+        pack_k4(w, nb, j0, r1, out)
     }
     #[inline]
     unsafe fn tile<const R: usize>(
@@ -57,7 +64,7 @@ impl Repacked for Q4K16 {
         acts: &Acts32<BlockQ8K>,
         i0: usize,
     ) -> [__m512; R] {
-        tile_q4k::<R>(pk, acts, i0)
+        tile_k4::<R, 0>(pk, acts, i0)
     }
     #[inline]
     unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
@@ -81,7 +88,31 @@ impl Repacked for Q4K16X8 {
         acts: &Acts32<BlockQ8K>,
         i0: usize,
     ) -> [__m512; R] {
-        tile_q4k::<R>(pk, acts, i0)
+        tile_k4::<R, 0>(pk, acts, i0)
+    }
+    #[inline]
+    unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
+        store16(dst, v, n)
+    }
+}
+
+impl Repacked for Q5K16 {
+    type W = BlockQ5K;
+    type A = BlockQ8K;
+    type Packed = PackedQ5K<16>;
+    type Lanes = __m512;
+    const NR: usize = 16;
+    #[inline]
+    unsafe fn pack(w: &[BlockQ5K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ5K<16>]) {
+        pack_k4(w, nb, j0, r1, out)
+    }
+    #[inline]
+    unsafe fn tile<const R: usize>(
+        pk: &[PackedQ5K<16>],
+        acts: &Acts32<BlockQ8K>,
+        i0: usize,
+    ) -> [__m512; R] {
+        tile_k4::<R, 8>(pk, acts, i0)
     }
     #[inline]
     unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
@@ -161,11 +192,12 @@ unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     acc
 }
 
-/// Q4_K: the `R × 16` outputs of activation rows `i0..i0 + R` against one group.
+/// Q4_K (`QH` = 0) or Q5_K (`QH` = 8): the `R × 16` outputs of activation rows `i0..i0 + R`
+/// against one group.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile_q4k<const R: usize>(
-    pk: &[PackedQ4K<16>],
+unsafe fn tile_k4<const R: usize, const QH: usize>(
+    pk: &[PackedK4<16, QH>],
     acts: &Acts32<BlockQ8K>,
     i0: usize,
 ) -> [__m512; R] {
@@ -181,11 +213,21 @@ unsafe fn tile_q4k<const R: usize>(
             let mut s = [_mm512_setzero_si512(); R];
             for h in 0..8 {
                 let raw = load(&p.qs[j / 2][h]);
-                let q = if j % 2 == 0 {
+                let mut q = if j % 2 == 0 {
                     _mm512_and_si512(raw, mask)
                 } else {
                     _mm512_and_si512(_mm512_srli_epi16::<4>(raw), mask)
                 };
+                if QH > 0 {
+                    // Q5_K: bit j of each `qh` byte to bit 4.
+                    let qh = load(&p.qh[h]);
+                    let moved = if j <= 4 {
+                        _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - j as i32))
+                    } else {
+                        _mm512_srl_epi16(qh, _mm_cvtsi32_si128(j as i32 - 4))
+                    };
+                    q = _mm512_or_si512(q, _mm512_and_si512(moved, _mm512_set1_epi8(0x10)));
+                }
                 for i in 0..R {
                     s[i] =
                         _mm512_dpbusd_epi32(s[i], q, bcast4(y[i].qs.as_ptr().add(32 * j + 4 * h)));
@@ -276,7 +318,7 @@ unsafe fn store16(dst: *mut f32, v: __m512, n: usize) {
 }
 
 /// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`, 16 weight
-/// rows a group; `K` is `Q4K16`, `Q4K16X8` or `Q6K16`.
+/// rows a group; `K` is `Q4K16`, `Q4K16X8`, `Q5K16` or `Q6K16`.
 ///
 /// # Safety
 /// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI available; `w` holds `rows * nb` blocks; `acts`

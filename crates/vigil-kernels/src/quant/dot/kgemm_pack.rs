@@ -1,5 +1,5 @@
 //! The repacked weight layout of the k-quant prefill GEMM kernels (`avx2_kgemm`: 8 weight
-//! rows a group, `avx512_kgemm`: 16): one Q4_K or Q6_K super-block of `N` weight rows,
+//! rows a group, `avx512_kgemm`: 16): one Q4_K, Q5_K or Q6_K super-block of `N` weight rows,
 //! unpacked once per group so that the tile's inner loop is a load and a dot.
 //!
 //! Quants are interleaved 4 bytes per row: entry `[v][k]` (a `u32`) holds 4 consecutive quants
@@ -19,13 +19,13 @@
 
 use super::avx2_q4k_decode::{scales_mins, shuffle, SCALE_DUP};
 use super::scales_mins_k4;
-use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ6K};
+use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ6K};
 use std::arch::x86_64::*;
 
-/// One Q4_K super-block of `N` weight rows.
+/// One Q4_K (`QH` = 0) or Q5_K (`QH` = 8) super-block of `N` weight rows.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-pub struct PackedQ4K<const N: usize> {
+pub struct PackedK4<const N: usize, const QH: usize> {
     pub(super) d: [f32; N],
     pub(super) dmin: [f32; N],
     /// `dup(scale)` of sub-block `j` (0..63).
@@ -35,6 +35,57 @@ pub struct PackedQ4K<const N: usize> {
     /// `qs[c][h][k]`: bytes `32c + 4h..32c + 4h + 4` of row `k`'s `qs`: in their low nibbles
     /// the values `4h..4h + 4` of sub-block `2c`, in their high nibbles those of `2c + 1`.
     pub(super) qs: [[[u32; N]; 8]; 4],
+    /// Q5_K: `qh[h][k]`, bytes `4h..4h + 4` of row `k`'s `qh`: bit `j` of each is the fifth bit
+    /// of value `4h..4h + 4` of sub-block `j`.
+    pub(super) qh: [[u32; N]; QH],
+}
+
+/// One Q4_K super-block of `N` weight rows.
+pub type PackedQ4K<const N: usize> = PackedK4<N, 0>;
+/// One Q5_K super-block of `N` weight rows.
+pub type PackedQ5K<const N: usize> = PackedK4<N, 8>;
+
+/// A Q4_K or Q5_K block as `pack_k4` reads it.
+pub trait K4Block {
+    /// Words of the fifth bits (`qh`): 0 for Q4_K, 8 for Q5_K.
+    const QH: usize;
+    fn d_dmin(&self) -> (u16, u16);
+    fn scales(&self) -> &[u8; 12];
+    fn qs(&self) -> &[u8; 128];
+    /// Q5_K's `qh` (Q4_K: none).
+    fn qh(&self) -> &[u8];
+}
+
+impl K4Block for BlockQ4K {
+    const QH: usize = 0;
+    fn d_dmin(&self) -> (u16, u16) {
+        (self.d.to_bits(), self.dmin.to_bits())
+    }
+    fn scales(&self) -> &[u8; 12] {
+        &self.scales
+    }
+    fn qs(&self) -> &[u8; 128] {
+        &self.qs
+    }
+    fn qh(&self) -> &[u8] {
+        &[]
+    }
+}
+
+impl K4Block for BlockQ5K {
+    const QH: usize = 8;
+    fn d_dmin(&self) -> (u16, u16) {
+        (self.d.to_bits(), self.dmin.to_bits())
+    }
+    fn scales(&self) -> &[u8; 12] {
+        &self.scales
+    }
+    fn qs(&self) -> &[u8; 128] {
+        &self.qs
+    }
+    fn qh(&self) -> &[u8] {
+        &self.qh
+    }
 }
 
 /// One Q6_K super-block of `N` weight rows.
@@ -138,7 +189,8 @@ unsafe fn store(dst: &mut [i32], v: __m256i) {
     _mm256_storeu_si256(dst.as_mut_ptr().cast(), v)
 }
 
-/// Repack Q4_K weight rows `j0..j0 + N` (rows `>= r1` repeat row `r1 - 1`) into `out[..nb]`.
+/// Repack Q4_K (`QH` = 0) or Q5_K (`QH` = 8) weight rows `j0..j0 + N` (rows `>= r1` repeat
+/// row `r1 - 1`) into `out[..nb]`.
 ///
 /// # Safety
 /// AVX2 and F16C available.
@@ -146,23 +198,23 @@ unsafe fn store(dst: &mut [i32], v: __m256i) {
 /// # Panics
 /// If `w` holds fewer than `r1 * nb` blocks, `j0 >= r1` or `out` holds fewer than `nb`.
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn pack_q4k<const N: usize>(
-    w: &[BlockQ4K],
+pub unsafe fn pack_k4<B: K4Block, const N: usize, const QH: usize>(
+    w: &[B],
     nb: usize,
     j0: usize,
     r1: usize,
-    out: &mut [PackedQ4K<N>],
+    out: &mut [PackedK4<N, QH>],
 ) {
-    const { assert!(N.is_multiple_of(T)) };
+    const { assert!(N.is_multiple_of(T) && QH == B::QH) };
     for g in (0..N).step_by(T) {
-        let rows: [&[BlockQ4K]; T] = std::array::from_fn(|t| row(w, nb, j0, g + t, r1));
+        let rows: [&[B]; T] = std::array::from_fn(|t| row(w, nb, j0, g + t, r1));
         for (b, p) in out[..nb].iter_mut().enumerate() {
-            let x: [&BlockQ4K; T] = std::array::from_fn(|t| &rows[t][b]);
-            halves_to_f32(x.map(|x| x.d.to_bits()), p.d[g..g + T].as_mut_ptr());
-            halves_to_f32(x.map(|x| x.dmin.to_bits()), p.dmin[g..g + T].as_mut_ptr());
+            let x: [&B; T] = std::array::from_fn(|t| &rows[t][b]);
+            halves_to_f32(x.map(|x| x.d_dmin().0), p.d[g..g + T].as_mut_ptr());
+            halves_to_f32(x.map(|x| x.d_dmin().1), p.dmin[g..g + T].as_mut_ptr());
             let (mut sc, mut mn) = ([[0u8; T]; 8], [[0u8; T]; 8]);
             for t in 0..T {
-                let (s, m) = scales_mins_k4(&x[t].scales);
+                let (s, m) = scales_mins_k4(x[t].scales());
                 for j in 0..8 {
                     (sc[j][t], mn[j][t]) = (s[j], m[j]);
                 }
@@ -174,8 +226,12 @@ pub unsafe fn pack_q4k<const N: usize>(
             }
             let qs = p.qs.as_mut_ptr().cast::<i32>().add(g);
             for w0 in (0..32).step_by(T) {
-                let v = std::array::from_fn(|t| load8(x[t].qs.as_ptr().add(4 * w0)));
+                let v = std::array::from_fn(|t| load8(x[t].qs().as_ptr().add(4 * w0)));
                 transpose_store(v, qs.add(w0 * N), N);
+            }
+            if QH > 0 {
+                let v = std::array::from_fn(|t| load8(x[t].qh().as_ptr()));
+                transpose_store(v, p.qh.as_mut_ptr().cast::<i32>().add(g), N);
             }
         }
     }
