@@ -46,101 +46,40 @@ pub struct Q5K8<D>(PhantomData<D>);
 /// The 8-row Q6_K kernel with integer dot `D`.
 pub struct Q6K8<D>(PhantomData<D>);
 
-impl<D: IntDot> Repacked for Q4K8<D> {
-    type W = BlockQ4K;
-    type A = BlockQ8K;
-    type Packed = PackedQ4K<8>;
-    type Lanes = __m256;
-    const NR: usize = 8;
-    #[inline(always)]
-    unsafe fn pack(w: &[BlockQ4K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ4K<8>]) {
-        pack_k4(w, nb, j0, r1, out)
-    }
-    #[inline(always)]
-    unsafe fn tile<const R: usize>(
-        pk: &[PackedQ4K<8>],
-        acts: &Acts32<BlockQ8K>,
-        i0: usize,
-    ) -> [__m256; R] {
-        tile_k4::<D, R, 0>(pk, acts, i0)
-    }
-    #[inline(always)]
-    unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
-        store8(dst, v, n)
-    }
+/// `Repacked` for an 8-row kernel with integer dot `D`: `$w` blocks packed by `$pack` into
+/// `$packed`, multiplied by `$tile::<D, R, $extra>`.
+macro_rules! repacked8 {
+    ($name:ident, $w:ty, $packed:ty, $pack:ident, $tile:ident $(, $extra:expr)?) => {
+        impl<D: IntDot> Repacked for $name<D> {
+            type W = $w;
+            type A = BlockQ8K;
+            type Packed = $packed;
+            type Lanes = __m256;
+            const NR: usize = 8;
+            #[inline(always)]
+            unsafe fn pack(w: &[$w], nb: usize, j0: usize, r1: usize, out: &mut [$packed]) {
+                $pack(w, nb, j0, r1, out)
+            }
+            #[inline(always)]
+            unsafe fn tile<const R: usize>(
+                pk: &[$packed],
+                acts: &Acts32<BlockQ8K>,
+                i0: usize,
+            ) -> [__m256; R] {
+                $tile::<D, R $(, $extra)?>(pk, acts, i0)
+            }
+            #[inline(always)]
+            unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
+                store8(dst, v, n)
+            }
+        }
+    };
 }
 
-impl<D: IntDot> Repacked for Q4K8X8<D> {
-    type W = BlockQ4Kx8;
-    type A = BlockQ8K;
-    type Packed = PackedQ4K<8>;
-    type Lanes = __m256;
-    const NR: usize = 8;
-    #[inline(always)]
-    unsafe fn pack(w: &[BlockQ4Kx8], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ4K<8>]) {
-        pack_q4k_x8(w, nb, j0, r1, out)
-    }
-    #[inline(always)]
-    unsafe fn tile<const R: usize>(
-        pk: &[PackedQ4K<8>],
-        acts: &Acts32<BlockQ8K>,
-        i0: usize,
-    ) -> [__m256; R] {
-        tile_k4::<D, R, 0>(pk, acts, i0)
-    }
-    #[inline(always)]
-    unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
-        store8(dst, v, n)
-    }
-}
-
-impl<D: IntDot> Repacked for Q5K8<D> {
-    type W = BlockQ5K;
-    type A = BlockQ8K;
-    type Packed = PackedQ5K<8>;
-    type Lanes = __m256;
-    const NR: usize = 8;
-    #[inline(always)]
-    unsafe fn pack(w: &[BlockQ5K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ5K<8>]) {
-        pack_k4(w, nb, j0, r1, out)
-    }
-    #[inline(always)]
-    unsafe fn tile<const R: usize>(
-        pk: &[PackedQ5K<8>],
-        acts: &Acts32<BlockQ8K>,
-        i0: usize,
-    ) -> [__m256; R] {
-        tile_k4::<D, R, 8>(pk, acts, i0)
-    }
-    #[inline(always)]
-    unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
-        store8(dst, v, n)
-    }
-}
-
-impl<D: IntDot> Repacked for Q6K8<D> {
-    type W = BlockQ6K;
-    type A = BlockQ8K;
-    type Packed = PackedQ6K<8>;
-    type Lanes = __m256;
-    const NR: usize = 8;
-    #[inline(always)]
-    unsafe fn pack(w: &[BlockQ6K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ6K<8>]) {
-        pack_q6k(w, nb, j0, r1, out)
-    }
-    #[inline(always)]
-    unsafe fn tile<const R: usize>(
-        pk: &[PackedQ6K<8>],
-        acts: &Acts32<BlockQ8K>,
-        i0: usize,
-    ) -> [__m256; R] {
-        tile_q6k::<D, R>(pk, acts, i0)
-    }
-    #[inline(always)]
-    unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
-        store8(dst, v, n)
-    }
-}
+repacked8!(Q4K8, BlockQ4K, PackedQ4K<8>, pack_k4, tile_k4, 0);
+repacked8!(Q4K8X8, BlockQ4Kx8, PackedQ4K<8>, pack_q4k_x8, tile_k4, 0);
+repacked8!(Q5K8, BlockQ5K, PackedQ5K<8>, pack_k4, tile_k4, 8);
+repacked8!(Q6K8, BlockQ6K, PackedQ6K<8>, pack_q6k, tile_q6k);
 
 /// 4 bytes at `p`, broadcast to every i32 lane.
 #[inline(always)]

@@ -48,101 +48,40 @@ pub struct Q5K16;
 /// The 16-row Q6_K kernel.
 pub struct Q6K16;
 
-impl Repacked for Q4K16 {
-    type W = BlockQ4K;
-    type A = BlockQ8K;
-    type Packed = PackedQ4K<16>;
-    type Lanes = __m512;
-    const NR: usize = 16;
-    #[inline]
-    unsafe fn pack(w: &[BlockQ4K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ4K<16>]) {
-        pack_k4(w, nb, j0, r1, out)
-    }
-    #[inline]
-    unsafe fn tile<const R: usize>(
-        pk: &[PackedQ4K<16>],
-        acts: &Acts32<BlockQ8K>,
-        i0: usize,
-    ) -> [__m512; R] {
-        tile_k4::<R, 0>(pk, acts, i0)
-    }
-    #[inline]
-    unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
-        store16(dst, v, n)
-    }
+/// `Repacked` for a 16-row kernel: `$w` blocks packed by `$pack` into `$packed`, multiplied by
+/// `$tile::<R, $extra>`.
+macro_rules! repacked16 {
+    ($name:ident, $w:ty, $packed:ty, $pack:ident, $tile:ident $(, $extra:expr)?) => {
+        impl Repacked for $name {
+            type W = $w;
+            type A = BlockQ8K;
+            type Packed = $packed;
+            type Lanes = __m512;
+            const NR: usize = 16;
+            #[inline]
+            unsafe fn pack(w: &[$w], nb: usize, j0: usize, r1: usize, out: &mut [$packed]) {
+                $pack(w, nb, j0, r1, out)
+            }
+            #[inline]
+            unsafe fn tile<const R: usize>(
+                pk: &[$packed],
+                acts: &Acts32<BlockQ8K>,
+                i0: usize,
+            ) -> [__m512; R] {
+                $tile::<R $(, $extra)?>(pk, acts, i0)
+            }
+            #[inline]
+            unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
+                store16(dst, v, n)
+            }
+        }
+    };
 }
 
-impl Repacked for Q4K16X8 {
-    type W = BlockQ4Kx8;
-    type A = BlockQ8K;
-    type Packed = PackedQ4K<16>;
-    type Lanes = __m512;
-    const NR: usize = 16;
-    #[inline]
-    unsafe fn pack(w: &[BlockQ4Kx8], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ4K<16>]) {
-        pack_q4k_x8(w, nb, j0, r1, out)
-    }
-    #[inline]
-    unsafe fn tile<const R: usize>(
-        pk: &[PackedQ4K<16>],
-        acts: &Acts32<BlockQ8K>,
-        i0: usize,
-    ) -> [__m512; R] {
-        tile_k4::<R, 0>(pk, acts, i0)
-    }
-    #[inline]
-    unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
-        store16(dst, v, n)
-    }
-}
-
-impl Repacked for Q5K16 {
-    type W = BlockQ5K;
-    type A = BlockQ8K;
-    type Packed = PackedQ5K<16>;
-    type Lanes = __m512;
-    const NR: usize = 16;
-    #[inline]
-    unsafe fn pack(w: &[BlockQ5K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ5K<16>]) {
-        pack_k4(w, nb, j0, r1, out)
-    }
-    #[inline]
-    unsafe fn tile<const R: usize>(
-        pk: &[PackedQ5K<16>],
-        acts: &Acts32<BlockQ8K>,
-        i0: usize,
-    ) -> [__m512; R] {
-        tile_k4::<R, 8>(pk, acts, i0)
-    }
-    #[inline]
-    unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
-        store16(dst, v, n)
-    }
-}
-
-impl Repacked for Q6K16 {
-    type W = BlockQ6K;
-    type A = BlockQ8K;
-    type Packed = PackedQ6K<16>;
-    type Lanes = __m512;
-    const NR: usize = 16;
-    #[inline]
-    unsafe fn pack(w: &[BlockQ6K], nb: usize, j0: usize, r1: usize, out: &mut [PackedQ6K<16>]) {
-        pack_q6k(w, nb, j0, r1, out)
-    }
-    #[inline]
-    unsafe fn tile<const R: usize>(
-        pk: &[PackedQ6K<16>],
-        acts: &Acts32<BlockQ8K>,
-        i0: usize,
-    ) -> [__m512; R] {
-        tile_q6k::<R>(pk, acts, i0)
-    }
-    #[inline]
-    unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
-        store16(dst, v, n)
-    }
-}
+repacked16!(Q4K16, BlockQ4K, PackedQ4K<16>, pack_k4, tile_k4, 0);
+repacked16!(Q4K16X8, BlockQ4Kx8, PackedQ4K<16>, pack_q4k_x8, tile_k4, 0);
+repacked16!(Q5K16, BlockQ5K, PackedQ5K<16>, pack_k4, tile_k4, 8);
+repacked16!(Q6K16, BlockQ6K, PackedQ6K<16>, pack_q6k, tile_q6k);
 
 /// 4 bytes at `p`, broadcast to every i32 lane.
 #[inline(always)]

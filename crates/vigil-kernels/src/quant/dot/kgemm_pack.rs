@@ -56,37 +56,29 @@ pub trait K4Block {
     fn qh(&self) -> &[u8];
 }
 
-impl K4Block for BlockQ4K {
-    const QH: usize = 0;
-    fn d_dmin(&self) -> (u16, u16) {
-        (self.d.to_bits(), self.dmin.to_bits())
-    }
-    fn scales(&self) -> &[u8; 12] {
-        &self.scales
-    }
-    fn qs(&self) -> &[u8; 128] {
-        &self.qs
-    }
-    fn qh(&self) -> &[u8] {
-        &[]
-    }
+macro_rules! k4_block {
+    ($block:ty, $qh:expr, |$x:ident| $qh_bytes:expr) => {
+        impl K4Block for $block {
+            const QH: usize = $qh;
+            fn d_dmin(&self) -> (u16, u16) {
+                (self.d.to_bits(), self.dmin.to_bits())
+            }
+            fn scales(&self) -> &[u8; 12] {
+                &self.scales
+            }
+            fn qs(&self) -> &[u8; 128] {
+                &self.qs
+            }
+            fn qh(&self) -> &[u8] {
+                let $x = self;
+                $qh_bytes
+            }
+        }
+    };
 }
 
-impl K4Block for BlockQ5K {
-    const QH: usize = 8;
-    fn d_dmin(&self) -> (u16, u16) {
-        (self.d.to_bits(), self.dmin.to_bits())
-    }
-    fn scales(&self) -> &[u8; 12] {
-        &self.scales
-    }
-    fn qs(&self) -> &[u8; 128] {
-        &self.qs
-    }
-    fn qh(&self) -> &[u8] {
-        &self.qh
-    }
-}
+k4_block!(BlockQ4K, 0, |_x| &[]);
+k4_block!(BlockQ5K, 8, |x| &x.qh);
 
 /// One Q6_K super-block of `N` weight rows.
 #[derive(Clone, Copy)]
