@@ -236,20 +236,21 @@ mod avx2 {
         }
     }
 
-    /// The index of the first value of `xb` whose magnitude is `amax` (one of them is).
+    /// The index of the first value of `xb` whose magnitude is `amax`, if any is (none where
+    /// the values hold a NaN).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn first_at(xb: &[f32], amax: f32) -> usize {
+    fn first_at(xb: &[f32], amax: f32) -> Option<usize> {
         let target = _mm256_set1_ps(amax);
         for (k, c) in xb.chunks_exact(8).enumerate() {
             // SAFETY: 8 values.
             let v = abs_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) });
             let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(v, target));
             if hit != 0 {
-                return 8 * k + hit.trailing_zeros() as usize;
+                return Some(8 * k + hit.trailing_zeros() as usize);
             }
         }
-        xb.iter().position(|v| v.abs() == amax).unwrap_or(0)
+        xb.iter().position(|v| v.abs() == amax)
     }
 
     /// The sums of each 4 consecutive i8 of `q`, as 8 i32.
@@ -304,7 +305,8 @@ mod avx2 {
                 };
                 continue;
             }
-            let max = xb[first_at(xb, amax)];
+            // The reference keeps the first value whose magnitude is the maximum.
+            let max = first_at(xb, amax).map_or(amax, |i| xb[i]);
             let iscale = -127.0 / max;
             let isv = _mm256_set1_ps(iscale);
             let mut sums = [_mm256_setzero_si256(); 8];
