@@ -57,10 +57,6 @@ const Q5K_GEMM_MIN_ROWS: usize = 4;
 /// against 0.111-0.115 held to AVX2; at 4 rows 0.117-0.121 against 0.103-0.119 (AVX-512) and
 /// 0.130-0.140 against 0.104-0.108 (AVX2).
 const Q4K_X8_GEMM_MIN_ROWS: usize = 4;
-/// Below this many activation rows (and their GEMM's) the row-major k-quants take the
-/// 8-weight-row decode tile (`avx2_k_decode`, which unpacks a weight block once per activation
-/// row); `avx2_k`'s row tile is left for a last group of fewer than 8 weight rows.
-const K_DECODE_MAX_ROWS: usize = 4;
 /// The same for the float formats (`avx2_float_gemm`): widening and packing each weight block
 /// pays off from about 8 rows (BF16 1024 × 1024, one thread: at 4 rows the row tiles took
 /// 0.17 ms and the GEMM 0.25 ms; at 8 rows 0.34 ms and 0.28 ms).

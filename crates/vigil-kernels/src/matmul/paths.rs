@@ -6,8 +6,8 @@
 #[cfg(target_arch = "x86_64")]
 use super::FLOAT_GEMM_MIN_ROWS;
 use super::{
-    Path, AMX_MIN_ROWS, GEMM_MIN_ROWS, K_DECODE_MAX_ROWS, Q4K_GEMM_MIN_ROWS, Q4K_X8_GEMM_MIN_ROWS,
-    Q5K_GEMM_MIN_ROWS, Q6K_GEMM_MIN_ROWS,
+    Path, AMX_MIN_ROWS, GEMM_MIN_ROWS, Q4K_GEMM_MIN_ROWS, Q4K_X8_GEMM_MIN_ROWS, Q5K_GEMM_MIN_ROWS,
+    Q6K_GEMM_MIN_ROWS,
 };
 use crate::cpu::Isa;
 use crate::pool::SyncPtr;
@@ -240,7 +240,7 @@ pub(super) trait FmtKPath {
     type W: bytemuck::Pod;
     fn scalar_dot(w: &[Self::W], a: &[BlockQ8K]) -> f32;
     /// # Safety
-    /// The CPU has `isa` (not `Scalar`); otherwise as `avx2_k::matmul_rows`.
+    /// The CPU has `isa` (not `Scalar`); otherwise as `avx2_k_decode::matmul_rows`.
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn simd_rows(
@@ -255,12 +255,13 @@ pub(super) trait FmtKPath {
     );
 }
 
-/// `$avx`: the format's marker type in `quant::dot::avx2_k` (the row tiles, for every `m`
-/// unless the format has GEMM kernels). `$zmm`, `$ymm`: its repacked-weight GEMM kernels in
-/// `avx512_kgemm` (16 rows) and `avx2_kgemm` (8 rows, generic over the integer dot), used
-/// from `$min` activation rows on (`Q4K_GEMM_MIN_ROWS`, `Q5K_GEMM_MIN_ROWS`, `Q6K_GEMM_MIN_ROWS`).
+/// `$avx`: the format's marker type in `quant::dot::avx2_k`, whose decode tile
+/// (`avx2_k_decode`) takes fewer than `$min` activation rows (`Q4K_GEMM_MIN_ROWS`,
+/// `Q5K_GEMM_MIN_ROWS`, `Q6K_GEMM_MIN_ROWS`). `$zmm`, `$ymm`: its repacked-weight GEMM kernels
+/// in `avx512_kgemm` (16 rows) and `avx2_kgemm` (8 rows, generic over the integer dot), from
+/// `$min` rows on.
 macro_rules! fmtk {
-    (@impl $name:ident, $w:ty, $dot:path, $avx:ty, [$($zmm:ty, $ymm:ident, $min:expr)?]) => {
+    ($name:ident, $w:ty, $dot:path, $avx:ty, $zmm:ty, $ymm:ident, $min:expr) => {
         pub(super) struct $name;
         impl FmtKPath for $name {
             type W = $w;
@@ -278,33 +279,8 @@ macro_rules! fmtk {
                 r1: usize,
                 out: *mut f32,
             ) {
-                use crate::quant::dot::{avx2_k, vnni};
-                $(
-                    if m >= $min {
-                        use crate::quant::dot::{avx2, avx2_kgemm, avx512_kgemm};
-                        let acts = Acts32 {
-                            blocks: acts,
-                            d: &[],
-                            s: &[],
-                            neg8_ysum: &[],
-                            m,
-                            nb: acts.len() / m,
-                        };
-                        return match isa {
-                            Isa::Avx512 => {
-                                avx512_kgemm::matmul_rows::<$zmm>(w, rows, &acts, r0, r1, out)
-                            }
-                            Isa::AvxVnni => avx2_kgemm::matmul_rows_avx_vnni::<
-                                avx2_kgemm::$ymm<vnni::AvxVnni>,
-                            >(w, rows, &acts, r0, r1, out),
-                            _ => avx2_kgemm::matmul_rows::<avx2_kgemm::$ymm<avx2::Avx2>>(
-                                w, rows, &acts, r0, r1, out,
-                            ),
-                        };
-                    }
-                )?
-                if m < K_DECODE_MAX_ROWS {
-                    use crate::quant::dot::avx2_k_decode;
+                use crate::quant::dot::{avx2, avx2_k_decode, avx2_kgemm, avx512_kgemm, vnni};
+                if m < $min {
                     return match isa {
                         Isa::Avx512 => {
                             vnni::rows_k_decode_avx512vl::<$avx>(w, rows, acts, m, r0, r1, out)
@@ -315,19 +291,25 @@ macro_rules! fmtk {
                         _ => avx2_k_decode::matmul_rows::<$avx>(w, rows, acts, m, r0, r1, out),
                     };
                 }
+                let acts = Acts32 {
+                    blocks: acts,
+                    d: &[],
+                    s: &[],
+                    neg8_ysum: &[],
+                    m,
+                    nb: acts.len() / m,
+                };
                 match isa {
-                    Isa::Avx512 => vnni::rows_k_avx512vl::<$avx>(w, rows, acts, m, r0, r1, out),
-                    Isa::AvxVnni => vnni::rows_k_avx_vnni::<$avx>(w, rows, acts, m, r0, r1, out),
-                    _ => avx2_k::matmul_rows::<$avx>(w, rows, acts, m, r0, r1, out),
+                    Isa::Avx512 => avx512_kgemm::matmul_rows::<$zmm>(w, rows, &acts, r0, r1, out),
+                    Isa::AvxVnni => avx2_kgemm::matmul_rows_avx_vnni::<
+                        avx2_kgemm::$ymm<vnni::AvxVnni>,
+                    >(w, rows, &acts, r0, r1, out),
+                    _ => avx2_kgemm::matmul_rows::<avx2_kgemm::$ymm<avx2::Avx2>>(
+                        w, rows, &acts, r0, r1, out,
+                    ),
                 }
             }
         }
-    };
-    ($name:ident, $w:ty, $dot:path, $avx:ty) => {
-        fmtk!(@impl $name, $w, $dot, $avx, []);
-    };
-    ($name:ident, $w:ty, $dot:path, $avx:ty, $zmm:ty, $ymm:ident, $min:expr) => {
-        fmtk!(@impl $name, $w, $dot, $avx, [$zmm, $ymm, $min]);
     };
 }
 

@@ -6,11 +6,15 @@
 //! horizontal sum. The kernels are generic over `IntDot`, so `vnni` compiles the same code
 //! with `vpdpwssd` in place of `madd` + `add`. The float fold is `super::acc_k` /
 //! `super::acc_q6k`, as in the scalar path, so results are bit-identical to it.
+//!
+//! Decode takes `avx2_k_decode`'s 8-row tile and from 3–4 activation rows the k-quants take
+//! their GEMMs (`avx2_kgemm`, `avx512_kgemm`), so this row tile serves the last group of fewer
+//! than 8 weight rows of a decode.
 
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2::{Avx2, IntDot};
+use super::avx2::IntDot;
 use super::{acc_k, acc_q6k, k_min_sum, scales_mins_k4};
 use crate::quant::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 use std::arch::x86_64::*;
@@ -219,29 +223,13 @@ unsafe fn tile<D: IntDot, F: FmtK, const MR: usize>(
     sum
 }
 
-/// `out[i * rows + j]` for all `m` activation rows and weight rows `j in r0..r1`.
+/// `out[i * rows + j]` for all `m` activation rows and weight rows `j in r0..r1`, with `D`'s
+/// integer dot: the last group of fewer than 8 weight rows of `avx2_k_decode`'s entry points,
+/// compiled for their ISA.
 ///
 /// # Safety
-/// AVX2+FMA+F16C; `w` holds `rows * nb` blocks; `acts` holds `m * nb`; `out` addresses
-/// `m * rows` floats and no other thread writes columns `r0..r1`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn matmul_rows<F: FmtK>(
-    w: &[F::W],
-    rows: usize,
-    acts: &[BlockQ8K],
-    m: usize,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
-    rows_with::<Avx2, F>(w, rows, acts, m, r0, r1, out)
-}
-
-/// `matmul_rows` with `D`'s integer dot: the body every entry point (here and in `vnni`)
-/// compiles for its ISA.
-///
-/// # Safety
-/// As `matmul_rows`, plus `D`'s features.
+/// AVX2+FMA+F16C and `D`'s features; `w` holds `rows * nb` blocks; `acts` holds `m * nb`;
+/// `out` addresses `m * rows` floats and no other thread writes columns `r0..r1`.
 #[inline(always)]
 pub unsafe fn rows_with<D: IntDot, F: FmtK>(
     w: &[F::W],

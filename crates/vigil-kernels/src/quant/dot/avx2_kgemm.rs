@@ -83,7 +83,7 @@ repacked8!(Q6K8, BlockQ6K, PackedQ6K<8>, pack_q6k, tile_q6k);
 
 /// 4 bytes at `p`, broadcast to every i32 lane.
 #[inline(always)]
-unsafe fn bcast4<T>(p: *const T) -> __m256i {
+pub(super) unsafe fn bcast4<T>(p: *const T) -> __m256i {
     _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
 }
 

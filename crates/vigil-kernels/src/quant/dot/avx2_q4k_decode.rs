@@ -20,6 +20,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::avx2::{prefetch_sweep, IntDot};
+use super::avx2_kgemm::bcast4;
 use super::avx2_q4_decode::GroupTiles;
 use super::Acts32;
 use crate::quant::blocks::{BlockQ4Kx8, BlockQ8K};
@@ -90,12 +91,6 @@ pub(super) unsafe fn scales_mins(x: &BlockQ4Kx8) -> [__m256i; 4] {
         _mm256_and_si256(w1, low6),
         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(w2), nib), tops(w1)),
     ]
-}
-
-/// The 4 bytes at `p` in every lane.
-#[inline(always)]
-unsafe fn bcast4(p: *const i8) -> __m256i {
-    _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
 }
 
 /// Block `x` of 8 rows against activation block `y` (`pairs`: its 16-value sums added in

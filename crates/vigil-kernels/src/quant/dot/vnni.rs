@@ -12,7 +12,6 @@
 //! generic kernels, so each is compiled with its encoding's instructions inline.
 
 use super::avx2::{self, Fmt32, IntDot};
-use super::avx2_k::{self, FmtK};
 use super::avx2_k_decode::{self, KDecode};
 use super::avx2_q4_decode::{self, GroupTiles};
 use super::Acts32;
@@ -204,40 +203,6 @@ pub unsafe fn rows_x8_avx512vl<T: GroupTiles>(
     out: *mut f32,
 ) {
     avx2_q4_decode::rows_x8_with::<Avx512Vl, T>(w, rows, acts, r0, r1, out)
-}
-
-/// `avx2_k::matmul_rows` (k-quants) with AVX-VNNI.
-///
-/// # Safety
-/// AVX2+FMA+F16C+AVX-VNNI available; otherwise as `avx2_k::matmul_rows`.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub unsafe fn rows_k_avx_vnni<F: FmtK>(
-    w: &[F::W],
-    rows: usize,
-    acts: &[BlockQ8K],
-    m: usize,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
-    avx2_k::rows_with::<AvxVnni, F>(w, rows, acts, m, r0, r1, out)
-}
-
-/// `avx2_k::matmul_rows` (k-quants) with AVX512-VNNI on 256 bits.
-///
-/// # Safety
-/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI available; otherwise as `avx2_k::matmul_rows`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn rows_k_avx512vl<F: FmtK>(
-    w: &[F::W],
-    rows: usize,
-    acts: &[BlockQ8K],
-    m: usize,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
-    avx2_k::rows_with::<Avx512Vl, F>(w, rows, acts, m, r0, r1, out)
 }
 
 /// `avx2_k_decode::matmul_rows` (the k-quant decode tile) with AVX-VNNI.
