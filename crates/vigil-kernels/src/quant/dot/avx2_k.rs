@@ -135,26 +135,37 @@ impl FmtK for Q5K {
     }
 }
 
+/// A Q6_K block's 256 quants + 32 (0..63) in value order, 32 a vector
+/// (`scalar::q6k_values` + 32).
+///
+/// # Safety
+/// AVX2 (inlined into a function enabling it).
+#[inline(always)]
+pub(super) unsafe fn q6k_quants(w: &BlockQ6K) -> [__m256i; 8] {
+    let low = _mm256_set1_epi8(0x0F);
+    let mut q = [_mm256_setzero_si256(); 8];
+    for n in 0..2 {
+        let ql0 = _mm256_loadu_si256(w.ql.as_ptr().add(64 * n).cast());
+        let ql1 = _mm256_loadu_si256(w.ql.as_ptr().add(64 * n + 32).cast());
+        let qh = _mm256_loadu_si256(w.qh.as_ptr().add(32 * n).cast());
+        let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)));
+        let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)));
+        let h2 = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
+        let h3 = _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(0x30));
+        q[4 * n] = _mm256_or_si256(_mm256_and_si256(ql0, low), h0);
+        q[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), h1);
+        q[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), h2);
+        q[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), h3);
+    }
+    q
+}
+
 impl FmtK for Q6K {
     type W = BlockQ6K;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: &BlockQ6K) -> Unpacked {
-        let low = _mm256_set1_epi8(0x0F);
-        let mut q = [_mm256_setzero_si256(); 8];
-        for n in 0..2 {
-            let ql0 = _mm256_loadu_si256(w.ql.as_ptr().add(64 * n).cast());
-            let ql1 = _mm256_loadu_si256(w.ql.as_ptr().add(64 * n + 32).cast());
-            let qh = _mm256_loadu_si256(w.qh.as_ptr().add(32 * n).cast());
-            let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)));
-            let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)));
-            let h2 = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
-            let h3 = _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(0x30));
-            q[4 * n] = _mm256_or_si256(_mm256_and_si256(ql0, low), h0);
-            q[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), h1);
-            q[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), h2);
-            q[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), h3);
-        }
+        let q = q6k_quants(w);
         let mut scales = [_mm256_setzero_si256(); 8];
         for c in 0..8 {
             scales[c] = _mm256_set_m128i(

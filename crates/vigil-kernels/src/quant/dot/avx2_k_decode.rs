@@ -195,24 +195,7 @@ impl KDecode for Q6K {
     const HAS_MIN: bool = false;
     #[inline(always)]
     unsafe fn dot<D: IntDot>(w: &BlockQ6K, y: &BlockQ8K, _: __m128i) -> (__m256i, __m128i) {
-        // The unpack of `avx2_k`'s `Q6K`, written again: with one function for both, that
-        // file's 4-row Q4_K tile ran 20 % slower (0.31 against 0.26 ms, `matmul_bench 4 1 500
-        // q4_k`), its code laid out differently.
-        let low = _mm256_set1_epi8(0x0F);
-        let mut q = [_mm256_setzero_si256(); 8];
-        for n in 0..2 {
-            let ql0 = _mm256_loadu_si256(w.ql.as_ptr().add(64 * n).cast());
-            let ql1 = _mm256_loadu_si256(w.ql.as_ptr().add(64 * n + 32).cast());
-            let qh = _mm256_loadu_si256(w.qh.as_ptr().add(32 * n).cast());
-            let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)));
-            let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)));
-            let h2 = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
-            let h3 = _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(0x30));
-            q[4 * n] = _mm256_or_si256(_mm256_and_si256(ql0, low), h0);
-            q[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), h1);
-            q[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), h2);
-            q[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), h3);
-        }
+        let q = avx2_k::q6k_quants(w);
         // The 16 scales as i16; chunk c (values 32c..32c + 32) is sub-blocks 2c and 2c + 1,
         // one a 128-bit lane.
         let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.scales.as_ptr().cast()));
