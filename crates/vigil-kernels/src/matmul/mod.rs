@@ -57,6 +57,14 @@ const Q5K_GEMM_MIN_ROWS: usize = 4;
 /// against 0.111-0.115 held to AVX2; at 4 rows 0.117-0.121 against 0.103-0.119 (AVX-512) and
 /// 0.130-0.140 against 0.104-0.108 (AVX2).
 const Q4K_X8_GEMM_MIN_ROWS: usize = 4;
+/// From this many activation rows the AVX-512 Q4_K / Q5_K GEMM packs the quants as bytes
+/// (`kgemm_pack::PackedK4B`), below it as stored (the AVX2 GEMM always as bytes). Gemma 3
+/// 270M's shapes, one thread, quants as stored against bytes, per layer: Q4_K interleaved at 32
+/// rows 0.375–0.378 ms against 0.379–0.393, at 64 rows 0.713–0.734 against 0.704–0.738, at 128
+/// 1.35–1.48 against 1.29–1.34; Q5_K at 16 rows 0.248–0.261 against 0.289–0.305, at 24
+/// 0.378–0.386 against 0.350–0.374, at 128 1.61–1.73 against 1.35–1.49.
+const Q4K_BYTES_MIN_ROWS: usize = 64;
+const Q5K_BYTES_MIN_ROWS: usize = 24;
 /// The same for the float formats (`avx2_float_gemm`): widening and packing each weight block
 /// pays off from about 8 rows (BF16 1024 × 1024, one thread: at 4 rows the row tiles took
 /// 0.17 ms and the GEMM 0.25 ms; at 8 rows 0.34 ms and 0.28 ms).

@@ -6,8 +6,8 @@
 #[cfg(target_arch = "x86_64")]
 use super::FLOAT_GEMM_MIN_ROWS;
 use super::{
-    Path, AMX_MIN_ROWS, GEMM_MIN_ROWS, Q4K_GEMM_MIN_ROWS, Q4K_X8_GEMM_MIN_ROWS, Q5K_GEMM_MIN_ROWS,
-    Q6K_GEMM_MIN_ROWS,
+    Path, AMX_MIN_ROWS, GEMM_MIN_ROWS, Q4K_BYTES_MIN_ROWS, Q4K_GEMM_MIN_ROWS, Q4K_X8_GEMM_MIN_ROWS,
+    Q5K_BYTES_MIN_ROWS, Q5K_GEMM_MIN_ROWS, Q6K_GEMM_MIN_ROWS,
 };
 use crate::cpu::Isa;
 use crate::pool::SyncPtr;
@@ -259,9 +259,10 @@ pub(super) trait FmtKPath {
 /// (`avx2_k_decode`) takes fewer than `$min` activation rows (`Q4K_GEMM_MIN_ROWS`,
 /// `Q5K_GEMM_MIN_ROWS`, `Q6K_GEMM_MIN_ROWS`). `$zmm`, `$ymm`: its repacked-weight GEMM kernels
 /// in `avx512_kgemm` (16 rows) and `avx2_kgemm` (8 rows, generic over the integer dot), from
-/// `$min` rows on.
+/// `$min` rows on; from `$bmin` rows (`Q4K_BYTES_MIN_ROWS`, `Q5K_BYTES_MIN_ROWS`) the AVX-512 one
+/// is `$zmmb`, which packs the quants as bytes.
 macro_rules! fmtk {
-    ($name:ident, $w:ty, $dot:path, $avx:ty, $zmm:ty, $ymm:ident, $min:expr) => {
+    ($name:ident, $w:ty, $dot:path, $avx:ty, $zmm:ty, $zmmb:ty, $ymm:ident, $min:expr, $bmin:expr) => {
         pub(super) struct $name;
         impl FmtKPath for $name {
             type W = $w;
@@ -300,6 +301,9 @@ macro_rules! fmtk {
                     nb: acts.len() / m,
                 };
                 match isa {
+                    Isa::Avx512 if m >= $bmin => {
+                        avx512_kgemm::matmul_rows::<$zmmb>(w, rows, &acts, r0, r1, out)
+                    }
                     Isa::Avx512 => avx512_kgemm::matmul_rows::<$zmm>(w, rows, &acts, r0, r1, out),
                     Isa::AvxVnni => avx2_kgemm::matmul_rows_avx_vnni::<
                         avx2_kgemm::$ymm<vnni::AvxVnni>,
@@ -319,8 +323,10 @@ fmtk!(
     scalar::dot_q4k_q8k,
     crate::quant::dot::avx2_k::Q4K,
     crate::quant::dot::avx512_kgemm::Q4K16,
+    crate::quant::dot::avx512_kgemm::Q4K16B,
     Q4K8,
-    Q4K_GEMM_MIN_ROWS
+    Q4K_GEMM_MIN_ROWS,
+    Q4K_BYTES_MIN_ROWS
 );
 fmtk!(
     Q5KFmt,
@@ -328,8 +334,10 @@ fmtk!(
     scalar::dot_q5k_q8k,
     crate::quant::dot::avx2_k::Q5K,
     crate::quant::dot::avx512_kgemm::Q5K16,
+    crate::quant::dot::avx512_kgemm::Q5K16B,
     Q5K8,
-    Q5K_GEMM_MIN_ROWS
+    Q5K_GEMM_MIN_ROWS,
+    Q5K_BYTES_MIN_ROWS
 );
 fmtk!(
     Q6KFmt,
@@ -337,8 +345,10 @@ fmtk!(
     scalar::dot_q6k_q8k,
     crate::quant::dot::avx2_k::Q6K,
     crate::quant::dot::avx512_kgemm::Q6K16,
+    crate::quant::dot::avx512_kgemm::Q6K16,
     Q6K8,
-    Q6K_GEMM_MIN_ROWS
+    Q6K_GEMM_MIN_ROWS,
+    usize::MAX
 );
 
 #[allow(clippy::too_many_arguments)]
@@ -420,6 +430,11 @@ pub(super) fn rows_q4k_x8(
             let out = out.0;
             if m >= Q4K_X8_GEMM_MIN_ROWS {
                 match isa {
+                    Isa::Avx512 if m >= Q4K_BYTES_MIN_ROWS => {
+                        avx512_kgemm::matmul_rows::<avx512_kgemm::Q4K16X8B>(
+                            w, rows, &acts, r0, r1, out,
+                        )
+                    }
                     Isa::Avx512 => avx512_kgemm::matmul_rows::<avx512_kgemm::Q4K16X8>(
                         w, rows, &acts, r0, r1, out,
                     ),

@@ -9,8 +9,14 @@
 //! - Q4_K: a sub-block's 32 values add up in i16 (at most 8 · 2 · 15 · 128 = 30720), then
 //!   `madd` with the scale; the min term is one `madd` per sub-block of `dup(min)` with the
 //!   activation's `bsums` pair. Folded as `super::acc_k`.
-//! - Q5_K: Q4_K's, each weight vector's fifth bits or-ed in from `qh`; its values (0..31) fill
-//!   i16 in half a sub-block (4 · 2 · 31 · 128 = 31744), so two `madd`s a sub-block.
+//! - Q5_K: Q4_K's; its values (0..31) fill i16 in half a sub-block (4 · 2 · 31 · 128 =
+//!   31744), so two `madd`s a sub-block.
+//!
+//! Q4_K and Q5_K quants are packed as bytes (`kgemm_pack::PackedK4B`), fifth bits included:
+//! unpacking them in the tile cost 2 (Q4_K) and 5 (Q5_K) vector ops per load in every tile, and
+//! from 4 activation rows on the bytes were as fast or faster (Gemma 3 270M's shapes, one
+//! thread, held to AVX2 on an AVX-512 Xeon: at 128 rows Q4_K 2.65–2.72 → 2.27–2.30 ms, Q5_K
+//! 4.08–4.20 → 2.45–2.67).
 //! - Q6_K: quants enter unsigned (`q + 32`, 0..63), so pairs of vectors add up in i16 (at most
 //!   2 · 2 · 63 · 128 = 32256); `-32 · Σ_s sc_s · bsum_s` removes the offset. Folded as
 //!   `super::acc_q6k`.
@@ -26,7 +32,7 @@ use super::avx2::IntDot;
 use super::avx2_gemm::store8;
 use super::gemm_driver::{drive, with_buffer, Repacked};
 use super::kgemm_pack::{
-    pack_k4, pack_q4k_x8, pack_q6k, PackedK4, PackedQ4K, PackedQ5K, PackedQ6K,
+    pack_k4, pack_q4k_x8, pack_q6k, K4Packed, PackedQ4KB, PackedQ5KB, PackedQ6K,
 };
 use super::Acts32;
 use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ6K, BlockQ8K};
@@ -47,9 +53,9 @@ pub struct Q5K8<D>(PhantomData<D>);
 pub struct Q6K8<D>(PhantomData<D>);
 
 /// `Repacked` for an 8-row kernel with integer dot `D`: `$w` blocks packed by `$pack` into
-/// `$packed`, multiplied by `$tile::<D, R, $extra>`.
+/// `$packed`, multiplied by `$tile::<D, R $(, $generic)?>`.
 macro_rules! repacked8 {
-    ($name:ident, $w:ty, $packed:ty, $pack:ident, $tile:ident $(, $extra:expr)?) => {
+    ($name:ident, $w:ty, $packed:ty, $pack:ident, $tile:ident $(, $generic:ty)?) => {
         impl<D: IntDot> Repacked for $name<D> {
             type W = $w;
             type A = BlockQ8K;
@@ -66,7 +72,7 @@ macro_rules! repacked8 {
                 acts: &Acts32<BlockQ8K>,
                 i0: usize,
             ) -> [__m256; R] {
-                $tile::<D, R $(, $extra)?>(pk, acts, i0)
+                $tile::<D, R $(, $generic)?>(pk, acts, i0)
             }
             #[inline(always)]
             unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
@@ -76,9 +82,30 @@ macro_rules! repacked8 {
     };
 }
 
-repacked8!(Q4K8, BlockQ4K, PackedQ4K<8>, pack_k4, tile_k4, 0);
-repacked8!(Q4K8X8, BlockQ4Kx8, PackedQ4K<8>, pack_q4k_x8, tile_k4, 0);
-repacked8!(Q5K8, BlockQ5K, PackedQ5K<8>, pack_k4, tile_k4, 8);
+repacked8!(
+    Q4K8,
+    BlockQ4K,
+    PackedQ4KB<8>,
+    pack_k4,
+    tile_k4,
+    PackedQ4KB<8>
+);
+repacked8!(
+    Q4K8X8,
+    BlockQ4Kx8,
+    PackedQ4KB<8>,
+    pack_q4k_x8,
+    tile_k4,
+    PackedQ4KB<8>
+);
+repacked8!(
+    Q5K8,
+    BlockQ5K,
+    PackedQ5KB<8>,
+    pack_k4,
+    tile_k4,
+    PackedQ5KB<8>
+);
 repacked8!(Q6K8, BlockQ6K, PackedQ6K<8>, pack_q6k, tile_q6k);
 
 /// 4 bytes at `p`, broadcast to every i32 lane.
@@ -92,53 +119,45 @@ unsafe fn load<T>(p: &T) -> __m256i {
     _mm256_load_si256((p as *const T).cast())
 }
 
+/// 32 aligned bytes at `p`.
+#[inline(always)]
+unsafe fn load_at(p: *const u32) -> __m256i {
+    _mm256_load_si256(p.cast())
+}
+
 /// The activation rows `i0..i0 + R` as block pointers.
 #[inline(always)]
 unsafe fn act_rows<const R: usize>(acts: &Acts32<BlockQ8K>, i0: usize) -> [*const BlockQ8K; R] {
     std::array::from_fn(|i| acts.blocks.as_ptr().add((i0 + i) * acts.nb))
 }
 
-/// Q4_K (`QH` = 0) or Q5_K (`QH` = 8): the `R × 8` outputs of activation rows `i0..i0 + R`
-/// against one group.
+/// Q4_K or Q5_K, quants packed as bytes (`P`): the `R × 8` outputs of activation rows
+/// `i0..i0 + R` against one group.
 #[inline(always)]
-unsafe fn tile_k4<D: IntDot, const R: usize, const QH: usize>(
-    pk: &[PackedK4<8, QH>],
+unsafe fn tile_k4<D: IntDot, const R: usize, P: K4Packed<8>>(
+    pk: &[P],
     acts: &Acts32<BlockQ8K>,
     i0: usize,
 ) -> [__m256; R] {
-    let mask = _mm256_set1_epi8(0x0F);
+    const { assert!(P::BYTES) };
     let ya = act_rows::<R>(acts, i0);
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..acts.nb {
         let p = &*pk.as_ptr().add(b);
+        let (hd, words) = (p.head(), p.words());
         let y: [&BlockQ8K; R] = std::array::from_fn(|i| &*ya[i].add(b));
         let mut sumi = [_mm256_setzero_si256(); R];
         for j in 0..8 {
-            let sc = load(&p.sc[j]);
+            let sc = load(&hd.sc[j]);
             let mut s16 = [_mm256_setzero_si256(); R];
             for h in 0..8 {
-                let raw = load(&p.qs[j / 2][h]);
-                let mut q = if j % 2 == 0 {
-                    _mm256_and_si256(raw, mask)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask)
-                };
-                if QH > 0 {
-                    // Q5_K: bit j of each `qh` byte to bit 4.
-                    let qh = load(&p.qh[h]);
-                    let moved = if j <= 4 {
-                        _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - j as i32))
-                    } else {
-                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32 - 4))
-                    };
-                    q = _mm256_or_si256(q, _mm256_and_si256(moved, _mm256_set1_epi8(0x10)));
-                }
+                let q = load_at(words.add((8 * j + h) * 8));
                 for i in 0..R {
                     let yv = bcast4(y[i].qs.as_ptr().add(32 * j + 4 * h));
                     s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(q, yv));
                 }
                 // Q5_K's 5-bit quants fill i16 in 4 steps (4 · 2 · 31 · 128 = 31744).
-                if QH > 0 && h == 3 {
+                if P::FIVE && h == 3 {
                     for i in 0..R {
                         sumi[i] = D::madd_acc(sumi[i], s16[i], sc);
                         s16[i] = _mm256_setzero_si256();
@@ -149,14 +168,14 @@ unsafe fn tile_k4<D: IntDot, const R: usize, const QH: usize>(
                 sumi[i] = D::madd_acc(sumi[i], s16[i], sc);
             }
         }
-        let dx = _mm256_load_ps(p.d.as_ptr());
-        let dm = _mm256_load_ps(p.dmin.as_ptr());
+        let dx = _mm256_load_ps(hd.d.as_ptr());
+        let dm = _mm256_load_ps(hd.dmin.as_ptr());
         for i in 0..R {
             let mut summ = _mm256_setzero_si256();
             for j in 0..8 {
                 summ = D::madd_acc(
                     summ,
-                    load(&p.mins[j]),
+                    load(&hd.mins[j]),
                     bcast4(y[i].bsums.as_ptr().add(2 * j)),
                 );
             }

@@ -13,8 +13,10 @@
 //! - Q4_K: `sumi = Σ_j sc_j · Σ q·y` (8 sub-blocks of 32, quants 0..15) and
 //!   `summ = Σ_j min_j · (bsum_2j + bsum_2j+1)` (one `vpdpwssd` per sub-block on the
 //!   activation's `bsums`), folded as `super::acc_k`.
-//! - Q5_K: Q4_K's, each weight vector's fifth bits or-ed in from `qh` (sums at most
-//!   32 · 31 · 128, below 2^23 too).
+//! - Q5_K: Q4_K's (sums at most 32 · 31 · 128, below 2^23 too). With the quants packed as
+//!   stored (`kgemm_pack::PackedK4`, for fewer activation rows) the tile unpacks the nibbles of
+//!   each weight vector and ors in Q5_K's fifth bits from `qh`; packed as bytes (`PackedK4B`)
+//!   it loads them.
 //! - Q6_K: the quants enter unsigned (`q + 32`, 0..63), so `Σ_s sc_s · Σ (q + 32)·y` is
 //!   corrected by `-32 · Σ_s sc_s · bsum_s` (8 `vpdpwssd`); folded as `super::acc_q6k`.
 //!
@@ -29,7 +31,8 @@
 
 use super::gemm_driver::{drive, with_buffer, Repacked};
 use super::kgemm_pack::{
-    pack_k4, pack_q4k_x8, pack_q6k, PackedK4, PackedQ4K, PackedQ5K, PackedQ6K,
+    pack_k4, pack_q4k_x8, pack_q6k, K4Packed, PackedQ4K, PackedQ4KB, PackedQ5K, PackedQ5KB,
+    PackedQ6K,
 };
 use super::Acts32;
 use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ6K, BlockQ8K};
@@ -47,11 +50,17 @@ pub struct Q4K16X8;
 pub struct Q5K16;
 /// The 16-row Q6_K kernel.
 pub struct Q6K16;
+/// `Q4K16` with the quants packed as bytes, for many activation rows.
+pub struct Q4K16B;
+/// `Q4K16X8` with the quants packed as bytes.
+pub struct Q4K16X8B;
+/// `Q5K16` with the quants packed as bytes.
+pub struct Q5K16B;
 
 /// `Repacked` for a 16-row kernel: `$w` blocks packed by `$pack` into `$packed`, multiplied by
-/// `$tile::<R, $extra>`.
+/// `$tile::<R $(, $generic)?>`.
 macro_rules! repacked16 {
-    ($name:ident, $w:ty, $packed:ty, $pack:ident, $tile:ident $(, $extra:expr)?) => {
+    ($name:ident, $w:ty, $packed:ty, $pack:ident, $tile:ident $(, $generic:ty)?) => {
         impl Repacked for $name {
             type W = $w;
             type A = BlockQ8K;
@@ -68,7 +77,7 @@ macro_rules! repacked16 {
                 acts: &Acts32<BlockQ8K>,
                 i0: usize,
             ) -> [__m512; R] {
-                $tile::<R $(, $extra)?>(pk, acts, i0)
+                $tile::<R $(, $generic)?>(pk, acts, i0)
             }
             #[inline]
             unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
@@ -78,9 +87,54 @@ macro_rules! repacked16 {
     };
 }
 
-repacked16!(Q4K16, BlockQ4K, PackedQ4K<16>, pack_k4, tile_k4, 0);
-repacked16!(Q4K16X8, BlockQ4Kx8, PackedQ4K<16>, pack_q4k_x8, tile_k4, 0);
-repacked16!(Q5K16, BlockQ5K, PackedQ5K<16>, pack_k4, tile_k4, 8);
+repacked16!(
+    Q4K16,
+    BlockQ4K,
+    PackedQ4K<16>,
+    pack_k4,
+    tile_k4,
+    PackedQ4K<16>
+);
+repacked16!(
+    Q4K16X8,
+    BlockQ4Kx8,
+    PackedQ4K<16>,
+    pack_q4k_x8,
+    tile_k4,
+    PackedQ4K<16>
+);
+repacked16!(
+    Q5K16,
+    BlockQ5K,
+    PackedQ5K<16>,
+    pack_k4,
+    tile_k4,
+    PackedQ5K<16>
+);
+repacked16!(
+    Q4K16B,
+    BlockQ4K,
+    PackedQ4KB<16>,
+    pack_k4,
+    tile_k4,
+    PackedQ4KB<16>
+);
+repacked16!(
+    Q4K16X8B,
+    BlockQ4Kx8,
+    PackedQ4KB<16>,
+    pack_q4k_x8,
+    tile_k4,
+    PackedQ4KB<16>
+);
+repacked16!(
+    Q5K16B,
+    BlockQ5K,
+    PackedQ5KB<16>,
+    pack_k4,
+    tile_k4,
+    PackedQ5KB<16>
+);
 repacked16!(Q6K16, BlockQ6K, PackedQ6K<16>, pack_q6k, tile_q6k);
 
 /// 4 bytes at `p`, broadcast to every i32 lane.
@@ -92,6 +146,12 @@ unsafe fn bcast4<T>(p: *const T) -> __m512i {
 #[inline(always)]
 unsafe fn load<T>(p: &T) -> __m512i {
     _mm512_load_si512((p as *const T).cast())
+}
+
+/// 64 aligned bytes at `p`.
+#[inline(always)]
+unsafe fn load_at(p: *const u32) -> __m512i {
+    _mm512_load_si512(p.cast())
 }
 
 /// The activation rows `i0..i0 + R` as block pointers.
@@ -131,12 +191,12 @@ unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     acc
 }
 
-/// Q4_K (`QH` = 0) or Q5_K (`QH` = 8): the `R × 16` outputs of activation rows `i0..i0 + R`
+/// Q4_K or Q5_K in either layout (`P`): the `R × 16` outputs of activation rows `i0..i0 + R`
 /// against one group.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile_k4<const R: usize, const QH: usize>(
-    pk: &[PackedK4<16, QH>],
+unsafe fn tile_k4<const R: usize, P: K4Packed<16>>(
+    pk: &[P],
     acts: &Acts32<BlockQ8K>,
     i0: usize,
 ) -> [__m512; R] {
@@ -146,44 +206,51 @@ unsafe fn tile_k4<const R: usize, const QH: usize>(
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..acts.nb {
         let p = &*pk.as_ptr().add(b);
+        let (hd, words) = (p.head(), p.words());
         let y: [&BlockQ8K; R] = std::array::from_fn(|i| &*ya[i].add(b));
         let mut sumi = [_mm512_setzero_si512(); R];
         for j in 0..8 {
             let mut s = [_mm512_setzero_si512(); R];
             for h in 0..8 {
-                let raw = load(&p.qs[j / 2][h]);
-                let mut q = if j % 2 == 0 {
-                    _mm512_and_si512(raw, mask)
+                let q = if P::BYTES {
+                    load_at(words.add((8 * j + h) * 16))
                 } else {
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(raw), mask)
-                };
-                if QH > 0 {
-                    // Q5_K: bit j of each `qh` byte to bit 4.
-                    let qh = load(&p.qh[h]);
-                    let moved = if j <= 4 {
-                        _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - j as i32))
+                    let raw = load_at(words.add((8 * (j / 2) + h) * 16));
+                    let q = if j % 2 == 0 {
+                        _mm512_and_si512(raw, mask)
                     } else {
-                        _mm512_srl_epi16(qh, _mm_cvtsi32_si128(j as i32 - 4))
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(raw), mask)
                     };
-                    q = _mm512_or_si512(q, _mm512_and_si512(moved, _mm512_set1_epi8(0x10)));
-                }
+                    if P::FIVE {
+                        // Q5_K: bit j of each `qh` byte to bit 4.
+                        let qh = load_at(p.qh().add(h * 16));
+                        let moved = if j <= 4 {
+                            _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - j as i32))
+                        } else {
+                            _mm512_srl_epi16(qh, _mm_cvtsi32_si128(j as i32 - 4))
+                        };
+                        _mm512_or_si512(q, _mm512_and_si512(moved, _mm512_set1_epi8(0x10)))
+                    } else {
+                        q
+                    }
+                };
                 for i in 0..R {
                     s[i] =
                         _mm512_dpbusd_epi32(s[i], q, bcast4(y[i].qs.as_ptr().add(32 * j + 4 * h)));
                 }
             }
-            let sc = scale_split(load(&p.sc[j]));
+            let sc = scale_split(load(&hd.sc[j]));
             for i in 0..R {
                 sumi[i] = dpwssd(sumi[i], _mm512_shuffle_epi8(s[i], split), sc);
             }
         }
-        let dx = _mm512_load_ps(p.d.as_ptr());
-        let dm = _mm512_load_ps(p.dmin.as_ptr());
+        let dx = _mm512_load_ps(hd.d.as_ptr());
+        let dm = _mm512_load_ps(hd.dmin.as_ptr());
         // One chain per row, interleaved (one row's chain after another's would wait on
         // `vpdpwssd`'s latency).
         let mut summ = [_mm512_setzero_si512(); R];
         for j in 0..8 {
-            let mn = load(&p.mins[j]);
+            let mn = load(&hd.mins[j]);
             for i in 0..R {
                 summ[i] = dpwssd(summ[i], mn, bcast4(y[i].bsums.as_ptr().add(2 * j)));
             }

@@ -95,7 +95,7 @@ pub unsafe fn with_buffer<P: Copy, T>(nb: usize, f: impl FnOnce(&mut [P]) -> T) 
 }
 
 /// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`, in tiles of
-/// `MR` activation rows (the rest one row at a time), with `pk` (`nb` blocks, from
+/// `MR` activation rows (the rest in a tile of 4 where `MR` is larger, then one row at a time), with `pk` (`nb` blocks, from
 /// `with_buffer`) as the packing buffer.
 ///
 /// Call it only inside a `#[target_feature]` function (or a closure in one) enabling
@@ -128,7 +128,18 @@ pub unsafe fn drive<K: Repacked, const MR: usize>(
                     K::store(out.add((i0 + i) * rows + j0), acc[i], n);
                 }
             }
-            for i0 in full..c1 {
+            // The rest: 4 rows together where they fit, then one at a time. (One at a time, a
+            // kernel that unpacks its weights as it goes unpacks them once a row: 4 rows of
+            // Q4_K took 0.138-0.140 ms a Gemma 3 layer on AVX-512, 0.106-0.109 together.)
+            let mut i0 = full;
+            if MR > 4 && c1 - i0 >= 4 {
+                let acc = K::tile::<4>(pk, acts, i0);
+                for i in 0..4 {
+                    K::store(out.add((i0 + i) * rows + j0), acc[i], n);
+                }
+                i0 += 4;
+            }
+            for i0 in i0..c1 {
                 let [acc] = K::tile::<1>(pk, acts, i0);
                 K::store(out.add(i0 * rows + j0), acc, n);
             }

@@ -2,6 +2,12 @@
 //! rows a group, `avx512_kgemm`: 16): one Q4_K, Q5_K or Q6_K super-block of `N` weight rows,
 //! unpacked once per group so that the tile's inner loop is a load and a dot.
 //!
+//! Q4_K and Q5_K have two layouts (`K4Packed`): quants unpacked to bytes (`PackedK4B`), and
+//! quants as stored (`PackedK4`), whose tile unpacks nibbles (and Q5_K's fifth bits) at every
+//! load. Bytes cost twice the packed bytes and more packing work, repaid once a group serves
+//! enough tiles: the AVX2 GEMM always takes them, the AVX-512 one from `Q4K_BYTES_MIN_ROWS` /
+//! `Q5K_BYTES_MIN_ROWS` activation rows (`matmul`).
+//!
 //! Quants are interleaved 4 bytes per row: entry `[v][k]` (a `u32`) holds 4 consecutive quants
 //! of weight row `k`, so one vector load gives the same 4 positions of every row, ready for a
 //! `maddubs` / `vpdpbusd` against the activation's matching 4 bytes broadcast to every lane.
@@ -11,8 +17,9 @@
 //! to f32 is exact, so converting here changes no result).
 //!
 //! Packing runs once per group and activation-row chunk (see `gemm_driver`), 8 weight rows at
-//! a time in AVX2 registers: the quants are an 8 × 8 word transpose, the scales a widening of
-//! each sub-block's 8 bytes. (Word by word in scalar code it was 8–10 % of a Q4_K_M prefill.)
+//! a time in AVX2 registers: the quants are an 8 × 8 word transpose (then unpacked 8 rows a
+//! vector), the scales a widening of each sub-block's 8 bytes. (Word by word in scalar code it
+//! was 8–10 % of a Q4_K_M prefill.)
 
 // Index loops mirror the block layouts.
 #![allow(clippy::needless_range_loop)]
@@ -22,16 +29,24 @@ use super::scales_mins_k4;
 use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ6K};
 use std::arch::x86_64::*;
 
-/// One Q4_K (`QH` = 0) or Q5_K (`QH` = 8) super-block of `N` weight rows.
+/// The scales of one Q4_K or Q5_K super-block of `N` weight rows, the same in both layouts.
 #[derive(Clone, Copy)]
-#[repr(C, align(64))]
-pub struct PackedK4<const N: usize, const QH: usize> {
+#[repr(C)]
+pub struct K4Head<const N: usize> {
     pub(super) d: [f32; N],
     pub(super) dmin: [f32; N],
     /// `dup(scale)` of sub-block `j` (0..63).
     pub(super) sc: [[i32; N]; 8],
     /// `dup(min)` of sub-block `j` (0..63).
     pub(super) mins: [[i32; N]; 8],
+}
+
+/// One Q4_K (`QH` = 0) or Q5_K (`QH` = 8) super-block of `N` weight rows, its quants as
+/// stored: the layout for a few activation rows, whose tile (one pass) unpacks them as it goes.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct PackedK4<const N: usize, const QH: usize> {
+    pub(super) hd: K4Head<N>,
     /// `qs[c][h][k]`: bytes `32c + 4h..32c + 4h + 4` of row `k`'s `qs`: in their low nibbles
     /// the values `4h..4h + 4` of sub-block `2c`, in their high nibbles those of `2c + 1`.
     pub(super) qs: [[[u32; N]; 8]; 4],
@@ -40,10 +55,143 @@ pub struct PackedK4<const N: usize, const QH: usize> {
     pub(super) qh: [[u32; N]; QH],
 }
 
-/// One Q4_K super-block of `N` weight rows.
+/// One Q4_K (`QH` = 0) or Q5_K (`QH` = 8) super-block of `N` weight rows, its quants unpacked
+/// to bytes: the layout for many activation rows, whose tiles' inner loop is then a load and a
+/// dot (unpacking there cost 2 vector ops a load for Q4_K, 5 for Q5_K, in every tile), at
+/// twice the bytes to write once and read in every tile.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct PackedK4B<const N: usize, const QH: usize> {
+    pub(super) hd: K4Head<N>,
+    /// `q[8j + h][k]`: values `4h..4h + 4` of sub-block `j` of row `k` (0..15, Q5_K 0..31).
+    pub(super) q: [[u32; N]; 64],
+}
+
+/// A packed Q4_K / Q5_K super-block of `N` weight rows in either layout, as the packing
+/// writes it and the tiles read it.
+pub trait K4Packed<const N: usize>: Copy {
+    /// Q5_K (quants up to 31: the AVX2 tile's i16 sums fill sooner).
+    const FIVE: bool;
+    /// Quants as bytes (`PackedK4B`), not nibbles.
+    const BYTES: bool;
+    fn head(&self) -> &K4Head<N>;
+    fn head_mut(&mut self) -> &mut K4Head<N>;
+    /// The quant words: `PackedK4`'s `qs` or `PackedK4B`'s `q`, flattened.
+    fn words(&self) -> *const u32;
+    /// `PackedK4`'s `qh`, flattened (Q5_K).
+    fn qh(&self) -> *const u32;
+    /// Store the quants of weight rows `g..g + 8` (`x`: each one's block).
+    ///
+    /// # Safety
+    /// AVX2 available; `g + 8 <= N`.
+    unsafe fn store_rows<B: K4Block>(&mut self, g: usize, x: [&B; T]);
+    /// Store the quants of an interleaved Q4_K group as weight rows `g..g + 8`.
+    ///
+    /// # Safety
+    /// AVX2 available; `g + 8 <= N`.
+    unsafe fn store_x8(&mut self, g: usize, x: &BlockQ4Kx8);
+}
+
+impl<const N: usize, const QH: usize> K4Packed<N> for PackedK4<N, QH> {
+    const FIVE: bool = QH > 0;
+    const BYTES: bool = false;
+    fn head(&self) -> &K4Head<N> {
+        &self.hd
+    }
+    fn head_mut(&mut self) -> &mut K4Head<N> {
+        &mut self.hd
+    }
+    fn words(&self) -> *const u32 {
+        self.qs.as_ptr().cast()
+    }
+    fn qh(&self) -> *const u32 {
+        self.qh.as_ptr().cast()
+    }
+    #[inline(always)]
+    unsafe fn store_rows<B: K4Block>(&mut self, g: usize, x: [&B; T]) {
+        let qs = self.qs.as_mut_ptr().cast::<i32>().add(g);
+        for w0 in (0..32).step_by(T) {
+            let v = std::array::from_fn(|t| load8(x[t].qs().as_ptr().add(4 * w0)));
+            transpose_store(v, qs.add(w0 * N), N);
+        }
+        if QH > 0 {
+            let v = std::array::from_fn(|t| load8(x[t].qh().as_ptr()));
+            transpose_store(v, self.qh.as_mut_ptr().cast::<i32>().add(g), N);
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_x8(&mut self, g: usize, x: &BlockQ4Kx8) {
+        let qs = self.qs.as_mut_ptr().cast::<i32>().add(g);
+        for (v, words) in x.qs.iter().enumerate() {
+            _mm256_storeu_si256(qs.add(v * N).cast(), load8(words.as_ptr()));
+        }
+    }
+}
+
+impl<const N: usize, const QH: usize> K4Packed<N> for PackedK4B<N, QH> {
+    const FIVE: bool = QH > 0;
+    const BYTES: bool = true;
+    fn head(&self) -> &K4Head<N> {
+        &self.hd
+    }
+    fn head_mut(&mut self) -> &mut K4Head<N> {
+        &mut self.hd
+    }
+    fn words(&self) -> *const u32 {
+        self.q.as_ptr().cast()
+    }
+    fn qh(&self) -> *const u32 {
+        std::ptr::null()
+    }
+    #[inline(always)]
+    unsafe fn store_rows<B: K4Block>(&mut self, g: usize, x: [&B; T]) {
+        // Transposed first (`qh[h]`, `raw[h]`: word `h` of the 8 rows), so that each nibble
+        // and fifth-bit step serves 8 rows.
+        let qh = if QH > 0 {
+            transpose(std::array::from_fn(|t| load8(x[t].qh().as_ptr())))
+        } else {
+            [_mm256_setzero_si256(); T]
+        };
+        let q = self.q.as_mut_ptr().cast::<i32>().add(g);
+        for c in 0..4 {
+            let raw = transpose(std::array::from_fn(|t| {
+                load8(x[t].qs().as_ptr().add(32 * c))
+            }));
+            for h in 0..8 {
+                for half in 0..2 {
+                    let j = 2 * c + half;
+                    let mut v = nibbles(raw[h], half);
+                    if QH > 0 {
+                        v = _mm256_or_si256(v, fifth_bits(qh[h], j));
+                    }
+                    _mm256_storeu_si256(q.add((8 * j + h) * N).cast(), v);
+                }
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_x8(&mut self, g: usize, x: &BlockQ4Kx8) {
+        // Word `v = 8c + h` of the group holds sub-blocks `2c` and `2c + 1`.
+        let q = self.q.as_mut_ptr().cast::<i32>().add(g);
+        for (v, words) in x.qs.iter().enumerate() {
+            let (c, h) = (v / 8, v % 8);
+            let raw = load8(words.as_ptr());
+            for half in 0..2 {
+                let at = q.add((8 * (2 * c + half) + h) * N);
+                _mm256_storeu_si256(at.cast(), nibbles(raw, half));
+            }
+        }
+    }
+}
+
+/// One Q4_K super-block of `N` weight rows, quants as stored.
 pub type PackedQ4K<const N: usize> = PackedK4<N, 0>;
-/// One Q5_K super-block of `N` weight rows.
+/// One Q5_K super-block of `N` weight rows, quants as stored.
 pub type PackedQ5K<const N: usize> = PackedK4<N, 8>;
+/// One Q4_K super-block of `N` weight rows, quants as bytes.
+pub type PackedQ4KB<const N: usize> = PackedK4B<N, 0>;
+/// One Q5_K super-block of `N` weight rows, quants as bytes.
+pub type PackedQ5KB<const N: usize> = PackedK4B<N, 8>;
 
 /// A Q4_K or Q5_K block as `pack_k4` reads it.
 pub trait K4Block {
@@ -94,11 +242,32 @@ pub struct PackedQ6K<const N: usize> {
 }
 
 /// Weight rows packed together: one AVX2 vector holds a word (4 quants) of each.
-const T: usize = 8;
+pub const T: usize = 8;
 
 /// The low nibble, and the low two bits, of each byte of a word.
 const NIB: i32 = 0x0F0F_0F0F;
 const TWO: i32 = 0x0303_0303;
+
+/// The low (`half` = 0) or high nibble of each byte.
+#[inline(always)]
+unsafe fn nibbles(raw: __m256i, half: usize) -> __m256i {
+    let nib = _mm256_set1_epi32(NIB);
+    if half == 0 {
+        _mm256_and_si256(raw, nib)
+    } else {
+        _mm256_and_si256(_mm256_srli_epi32::<4>(raw), nib)
+    }
+}
+
+/// Bit `j` of each byte of `qh`, moved to bit 4 (Q5_K's fifth bit of sub-block `j`).
+#[inline(always)]
+unsafe fn fifth_bits(qh: __m256i, j: usize) -> __m256i {
+    let bit = _mm256_and_si256(
+        _mm256_srl_epi32(qh, _mm_cvtsi32_si128(j as i32)),
+        _mm256_set1_epi32(0x0101_0101),
+    );
+    _mm256_slli_epi32::<4>(bit)
+}
 
 /// Weight row `k` of the group starting at `j0`; rows `>= r1` repeat row `r1 - 1` (their
 /// outputs are dropped).
@@ -108,9 +277,9 @@ fn row<W>(w: &[W], nb: usize, j0: usize, k: usize, r1: usize) -> &[W] {
     &w[j * nb..(j + 1) * nb]
 }
 
-/// Write word `t` of every `v[r]` to `dst[t * stride + r]`: an 8 × 8 transpose of words.
+/// An 8 × 8 transpose of words: word `r` of result `t` is word `t` of `v[r]`.
 #[inline(always)]
-unsafe fn transpose_store(v: [__m256i; T], dst: *mut i32, stride: usize) {
+unsafe fn transpose(v: [__m256i; T]) -> [__m256i; T] {
     let lo32 = |a, b| _mm256_unpacklo_epi32(a, b);
     let hi32 = |a, b| _mm256_unpackhi_epi32(a, b);
     let t = [
@@ -135,10 +304,20 @@ unsafe fn transpose_store(v: [__m256i; T], dst: *mut i32, stride: usize) {
         _mm256_unpacklo_epi64(t[5], t[7]),
         _mm256_unpackhi_epi64(t[5], t[7]),
     ];
-    for w in 0..4 {
-        let at = |i: usize| dst.add(i * stride).cast::<__m256i>();
-        _mm256_storeu_si256(at(w), _mm256_permute2x128_si256::<0x20>(u[w], u[w + 4]));
-        _mm256_storeu_si256(at(w + 4), _mm256_permute2x128_si256::<0x31>(u[w], u[w + 4]));
+    std::array::from_fn(|w| {
+        if w < 4 {
+            _mm256_permute2x128_si256::<0x20>(u[w], u[w + 4])
+        } else {
+            _mm256_permute2x128_si256::<0x31>(u[w - 4], u[w])
+        }
+    })
+}
+
+/// Write word `t` of every `v[r]` to `dst[t * stride + r]`.
+#[inline(always)]
+unsafe fn transpose_store(v: [__m256i; T], dst: *mut i32, stride: usize) {
+    for (t, w) in transpose(v).into_iter().enumerate() {
+        _mm256_storeu_si256(dst.add(t * stride).cast(), w);
     }
 }
 
@@ -181,8 +360,8 @@ unsafe fn store(dst: &mut [i32], v: __m256i) {
     _mm256_storeu_si256(dst.as_mut_ptr().cast(), v)
 }
 
-/// Repack Q4_K (`QH` = 0) or Q5_K (`QH` = 8) weight rows `j0..j0 + N` (rows `>= r1` repeat
-/// row `r1 - 1`) into `out[..nb]`.
+/// Repack Q4_K or Q5_K weight rows `j0..j0 + N` (rows `>= r1` repeat row `r1 - 1`) into
+/// `out[..nb]`, in `P`'s layout.
 ///
 /// # Safety
 /// AVX2 and F16C available.
@@ -190,20 +369,21 @@ unsafe fn store(dst: &mut [i32], v: __m256i) {
 /// # Panics
 /// If `w` holds fewer than `r1 * nb` blocks, `j0 >= r1` or `out` holds fewer than `nb`.
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn pack_k4<B: K4Block, const N: usize, const QH: usize>(
+pub unsafe fn pack_k4<B: K4Block, P: K4Packed<N>, const N: usize>(
     w: &[B],
     nb: usize,
     j0: usize,
     r1: usize,
-    out: &mut [PackedK4<N, QH>],
+    out: &mut [P],
 ) {
-    const { assert!(N.is_multiple_of(T) && QH == B::QH) };
+    const { assert!(N.is_multiple_of(T) && P::FIVE == (B::QH > 0)) };
     for g in (0..N).step_by(T) {
         let rows: [&[B]; T] = std::array::from_fn(|t| row(w, nb, j0, g + t, r1));
         for (b, p) in out[..nb].iter_mut().enumerate() {
             let x: [&B; T] = std::array::from_fn(|t| &rows[t][b]);
-            halves_to_f32(x.map(|x| x.d_dmin().0), p.d[g..g + T].as_mut_ptr());
-            halves_to_f32(x.map(|x| x.d_dmin().1), p.dmin[g..g + T].as_mut_ptr());
+            let hd = p.head_mut();
+            halves_to_f32(x.map(|x| x.d_dmin().0), hd.d[g..g + T].as_mut_ptr());
+            halves_to_f32(x.map(|x| x.d_dmin().1), hd.dmin[g..g + T].as_mut_ptr());
             let (mut sc, mut mn) = ([[0u8; T]; 8], [[0u8; T]; 8]);
             for t in 0..T {
                 let (s, m) = scales_mins_k4(x[t].scales());
@@ -213,24 +393,16 @@ pub unsafe fn pack_k4<B: K4Block, const N: usize, const QH: usize>(
             }
             for j in 0..8 {
                 let (s, m) = (widen_u8(&sc[j]), widen_u8(&mn[j]));
-                store(&mut p.sc[j][g..], pairs(s, s));
-                store(&mut p.mins[j][g..], pairs(m, m));
+                store(&mut hd.sc[j][g..], pairs(s, s));
+                store(&mut hd.mins[j][g..], pairs(m, m));
             }
-            let qs = p.qs.as_mut_ptr().cast::<i32>().add(g);
-            for w0 in (0..32).step_by(T) {
-                let v = std::array::from_fn(|t| load8(x[t].qs().as_ptr().add(4 * w0)));
-                transpose_store(v, qs.add(w0 * N), N);
-            }
-            if QH > 0 {
-                let v = std::array::from_fn(|t| load8(x[t].qh().as_ptr()));
-                transpose_store(v, p.qh.as_mut_ptr().cast::<i32>().add(g), N);
-            }
+            p.store_rows(g, x);
         }
     }
 }
 
-/// `pack_q4k` from a matrix interleaved at load (`w`: its groups of 8 rows, `nb` blocks
-/// each): the quants are already in this order (a copy), the scales unpack 8 rows at a time
+/// `pack_k4` from a matrix interleaved at load (`w`: its groups of 8 rows, `nb` blocks each):
+/// the quants are already in `PackedK4`'s order (a copy), the scales unpack 8 rows at a time
 /// (`avx2_q4k_decode::scales_mins`). Groups past row `r1 - 1`'s repeat it.
 ///
 /// # Safety
@@ -239,32 +411,30 @@ pub unsafe fn pack_k4<B: K4Block, const N: usize, const QH: usize>(
 /// # Panics
 /// If `w` holds fewer groups than row `r1 - 1`'s, `j0 >= r1` or `out` holds fewer than `nb`.
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn pack_q4k_x8<const N: usize>(
+pub unsafe fn pack_q4k_x8<P: K4Packed<N>, const N: usize>(
     w: &[BlockQ4Kx8],
     nb: usize,
     j0: usize,
     r1: usize,
-    out: &mut [PackedQ4K<N>],
+    out: &mut [P],
 ) {
-    const { assert!(N.is_multiple_of(T)) };
+    const { assert!(N.is_multiple_of(T) && !P::FIVE) };
     for g in (0..N).step_by(T) {
         let group = (j0 + g).min(r1 - 1) / T;
         let src = &w[group * nb..(group + 1) * nb];
         for (x, p) in src.iter().zip(&mut out[..nb]) {
-            halves_to_f32(x.d.map(|d| d.to_bits()), p.d[g..g + T].as_mut_ptr());
-            halves_to_f32(x.dmin.map(|d| d.to_bits()), p.dmin[g..g + T].as_mut_ptr());
+            let hd = p.head_mut();
+            halves_to_f32(x.d.map(|d| d.to_bits()), hd.d[g..g + T].as_mut_ptr());
+            halves_to_f32(x.dmin.map(|d| d.to_bits()), hd.dmin[g..g + T].as_mut_ptr());
             let sm = scales_mins(x);
             for j in 0..8 {
-                store(&mut p.sc[j][g..], shuffle(sm[j / 4], &SCALE_DUP[j % 4]));
+                store(&mut hd.sc[j][g..], shuffle(sm[j / 4], &SCALE_DUP[j % 4]));
                 store(
-                    &mut p.mins[j][g..],
+                    &mut hd.mins[j][g..],
                     shuffle(sm[2 + j / 4], &SCALE_DUP[j % 4]),
                 );
             }
-            let qs = p.qs.as_mut_ptr().cast::<i32>().add(g);
-            for (v, words) in x.qs.iter().enumerate() {
-                _mm256_storeu_si256(qs.add(v * N).cast(), load8(words.as_ptr()));
-            }
+            p.store_x8(g, x);
         }
     }
 }
