@@ -6,7 +6,7 @@
 //! Fills `MiB` of Qwen3-0.6B-shaped (or SmolLM2-135M-shaped) matrices (q/o, gate/up, down,
 //! round robin) in `format` (`bf16` default, `f16`, `f32`, `q8_0`, `q4_0`, `q4_1`, `q4_k`,
 //! `q5_k`, `q6_k` (Qwen3 shapes only: 256-value blocks), and `q4_0x8`,
-//! `q4_1x8`, `q4_kx8` interleaved as loaded), then runs one activation row through every matrix
+//! `q4_1x8`, `q4_kx8`, `q5_kx8` interleaved as loaded), then runs one activation row through every matrix
 //! in turn, as a decode step does, and prints the weight bytes read per second (best pass)
 //! beside a plain read of the same bytes, matrix by matrix (every thread summing its own slice,
 //! `plain_read::sum_on`). The matrices

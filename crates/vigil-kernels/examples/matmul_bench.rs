@@ -5,7 +5,8 @@
 //! `q4_0` time SmolLM2-135M's q, k, v, o, gate, up and down (`q4_1x8`, `q4_0x8`: interleaved
 //! as the loader stores them); `q8_0` (`q8_0x8`), `bf16`, `f16` and `f32`
 //! time Qwen3-0.6B's distinct projection shapes; `q8_0_output` SmolLM2's Q8_0 output
-//! projection (`q8_0_outputx8` interleaved); `q4_k`, `q5_k` and `q6_k` Gemma 3 270M's k-quant ones
+//! projection (`q8_0_outputx8` interleaved); `q4_k`, `q5_k` (`q4_kx8`, `q5_kx8` interleaved) and
+//! `q6_k` Gemma 3 270M's k-quant ones
 //! (its Q4_K_M file's attention output and down projection). Random weights and activations; prints the
 //! best time and GFLOP/s (2 · m · rows · cols) per shape and for the layer. Under `valgrind
 //! --tool=callgrind` use 1 thread and 1 rep for instruction counts.

@@ -112,9 +112,9 @@ pub enum Layout {
     /// Row after row, as in the checkpoint.
     #[default]
     Rows,
-    /// Q4_0 / Q4_1 / Q8_0 / Q4_K, F32 / F16 / BF16 only: groups of 8 rows, block by block
-    /// (`BlockQ4_0x8`, `BlockQ4_1x8`, `BlockQ8_0x8`, `BlockQ4Kx8`) or 8 values of each row in
-    /// turn (floats),
+    /// Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K, F32 / F16 / BF16 only: groups of 8 rows, block by
+    /// block (`BlockQ4_0x8`, `BlockQ4_1x8`, `BlockQ8_0x8`, `BlockQ4Kx8`, `BlockQ5Kx8`) or 8
+    /// values of each row in turn (floats),
     /// the last group padded with zero rows. Made at load by `quant::interleave` for the
     /// kernels.
     Interleaved8,

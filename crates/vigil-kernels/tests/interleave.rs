@@ -1,6 +1,6 @@
 //! The 8-row interleaved layout (`quant::interleave`) keeps every row: each row read back
 //! (`row_bytes`, `dequantize_row`) is the row-major one, byte for byte, for row counts that
-//! leave the last group partial (Q4_0, Q4_1, Q8_0, Q4_K, and F32, F16, BF16 of whole chunks of
+//! leave the last group partial (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, and F32, F16, BF16 of whole chunks of
 //! 8 columns); other formats and shapes have no interleaved form.
 
 use rand::{Rng, SeedableRng};
@@ -18,7 +18,7 @@ fn random(rng: &mut ChaCha8Rng, dtype: DType, rows: usize, cols: usize) -> QMatr
     for b in bytes.chunks_exact_mut(dtype.type_size()) {
         let top = b.len() - 1;
         b[if dtype.is_float() { top } else { 1 }] &= 0x3B;
-        if matches!(dtype, DType::Q4_1 | DType::Q4K) {
+        if matches!(dtype, DType::Q4_1 | DType::Q4K | DType::Q5K) {
             b[3] &= 0x3B;
         }
     }
@@ -38,13 +38,14 @@ fn every_row_reads_back_unchanged() {
         DType::Q4_1,
         DType::Q8_0,
         DType::Q4K,
+        DType::Q5K,
         DType::F32,
         DType::F16,
         DType::BF16,
     ] {
         for rows in [1, 7, 8, 9, 16, 43] {
             let unit = match dtype {
-                DType::Q4K => 256,
+                DType::Q4K | DType::Q5K => 256,
                 _ if dtype.is_float() => 8,
                 _ => 32,
             };
@@ -78,9 +79,9 @@ fn every_row_reads_back_unchanged() {
 }
 
 #[test]
-fn only_q4_and_q8_and_whole_chunk_float_row_major_matrices_interleave() {
+fn only_q4_q5k_q8_and_whole_chunk_float_row_major_matrices_interleave() {
     let mut rng = ChaCha8Rng::seed_from_u64(8);
-    for dtype in [DType::Q5K, DType::Q6K] {
+    for dtype in [DType::Q5_0, DType::Q6K] {
         let w = random(&mut rng, dtype, 8, 256);
         assert!(interleaved(&w).is_none(), "{dtype} has no interleaved form");
     }

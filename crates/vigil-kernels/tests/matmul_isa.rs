@@ -4,7 +4,8 @@
 //! a multiple of the tile or the 64-row chunk, weight rows not a multiple of 8 or 16), 1 and
 //! 2 threads, and the extreme quants the exact integer dots must hold.
 //!
-//! Q4_0, Q4_1 and Q8_0 run in both layouts, rows and the 8-row interleaved one the loader makes.
+//! Q4_0, Q4_1, Q8_0, Q4_K and Q5_K run in both layouts, rows and the 8-row interleaved one the
+//! loader makes.
 //!
 //! A level the CPU lacks is skipped with a "skipped: CPU lacks ..." line on stderr, so the
 //! suite passes on machines with and without AVX-512 (run with `--nocapture` to see it).
@@ -67,7 +68,7 @@ fn weights(
     }
 }
 
-/// Level `isa` against the scalar path on `w`, and for Q4_0 / Q4_1 / Q8_0 / Q4_K also on `w` interleaved
+/// Level `isa` against the scalar path on `w`, and for Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K also on `w` interleaved
 /// as the loader stores it (`quant::interleave`), on that level and on the scalar path.
 fn check(pool: &ThreadPool, isa: Isa, w: &QMatrix, x: &[f32], m: usize, what: &str) {
     let mut slow = vec![f32::NAN; m * w.rows];

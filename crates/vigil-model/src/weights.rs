@@ -107,7 +107,7 @@ impl ModelWeights {
     /// GB/s from owned buffers where its BF16 read 33-35 from the copy). Only the matrices the
     /// model reads are there: a checkpoint's bytes a conversion replaced are not copied.
     ///
-    /// With SIMD kernels, the Q4_0 / Q4_1 / Q8_0 / Q4_K and float matrices the matmuls read are
+    /// With SIMD kernels, the Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K and float matrices the matmuls read are
     /// stored interleaved 8 rows at a time instead (`quant::interleave`): the same bytes in the
     /// order the kernels multiply them. An untied embedding, which only has rows looked up, stays
     /// row-major; a tied one is the output projection too and is interleaved (a lookup takes

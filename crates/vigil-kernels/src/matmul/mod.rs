@@ -20,8 +20,8 @@ use crate::quant::blocks::*;
 use crate::{DType, Layout, QMatrix};
 use acts::{Quantizer, Scratch};
 use paths::{
-    rows_32, rows_float, rows_k, rows_q4k_x8, rows_x8, Q4KFmt, Q4_0Fmt, Q4_1Fmt, Q5KFmt, Q6KFmt,
-    Q8_0Fmt,
+    rows_32, rows_float, rows_k, rows_q4k_x8, rows_q5k_x8, rows_x8, Q4KFmt, Q4_0Fmt, Q4_1Fmt,
+    Q5KFmt, Q6KFmt, Q8_0Fmt,
 };
 use std::cell::RefCell;
 
@@ -51,12 +51,13 @@ const Q6K_GEMM_MIN_ROWS: usize = 3;
 /// 0.203–0.216 and 0.296–0.321 against 0.208–0.211; at 128 rows 8.1–8.4 against 1.6–1.7 and
 /// 8.7–8.9 against 3.9 (`docs/results/kquant-prefill-xeon-1207/q5k-gemm.txt`).
 const Q5K_GEMM_MIN_ROWS: usize = 4;
-/// The same for Q4_K interleaved at load, whose packing is a copy and a scale unpack 8 rows
-/// at a time, against its decode tile (`avx2_q4k_decode`). Gemma 3 270M's shapes, one thread:
-/// at 3 rows the tile took 0.090-0.093 ms and the GEMM 0.077-0.083 on AVX-512 but 0.106-0.110
-/// against 0.111-0.115 held to AVX2; at 4 rows 0.117-0.121 against 0.103-0.119 (AVX-512) and
-/// 0.130-0.140 against 0.104-0.108 (AVX2).
-const Q4K_X8_GEMM_MIN_ROWS: usize = 4;
+/// The same for Q4_K and Q5_K interleaved at load, whose packing copies (or unpacks) the
+/// quants and unpacks the scales 8 rows at a time, against their decode tile
+/// (`avx2_q4k_decode`). Gemma 3 270M's shapes, one thread, 3 rounds, at 3 rows the tile
+/// against the GEMM: Q4_K 0.089-0.099 ms against 0.082-0.087 on AVX-512, 0.099-0.106 against
+/// 0.088-0.099 held to AVX2; Q5_K 0.160-0.164 against 0.130-0.148 and 0.203-0.229 against
+/// 0.119-0.131 (`docs/results/kquant-bytes-xeon-1207b/x8-gemm-from-3.txt`).
+const K_X8_GEMM_MIN_ROWS: usize = 3;
 /// From this many activation rows the AVX-512 Q4_K / Q5_K GEMM packs the quants as bytes
 /// (`kgemm_pack::PackedK4B`), below it as stored (the AVX2 GEMM always as bytes). Gemma 3
 /// 270M's shapes, one thread, quants as stored against bytes, per layer: Q4_K interleaved at 32
@@ -221,7 +222,7 @@ fn check_shapes(w: &QMatrix, x: &[f32], m: usize, out: &[f32]) {
         assert!(
             matches!(
                 w.dtype,
-                DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K
+                DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K | DType::Q5K
             ) || float,
             "matmul: {} × {} {} has no interleaved layout",
             w.rows,
@@ -417,7 +418,7 @@ fn run(
             let acts = scratch.q8k(pool, how, x, shape);
             let x8 = first.w.layout == Layout::Interleaved8;
             let min_rows = if x8 {
-                Q4K_X8_GEMM_MIN_ROWS
+                K_X8_GEMM_MIN_ROWS
             } else {
                 Q4K_GEMM_MIN_ROWS
             };
@@ -436,9 +437,23 @@ fn run(
         }
         DType::Q5K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            split_rows(pool, parts, align_k(Q5K_GEMM_MIN_ROWS), |p, r0, r1| {
-                let wb = blocks_of::<BlockQ5K>(p.w);
-                rows_k::<Q5KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+            let x8 = first.w.layout == Layout::Interleaved8;
+            let min_rows = if x8 {
+                K_X8_GEMM_MIN_ROWS
+            } else {
+                Q5K_GEMM_MIN_ROWS
+            };
+            split_rows(pool, parts, align_k(min_rows), |p, r0, r1| {
+                match p.w.layout {
+                    Layout::Rows => {
+                        let wb = blocks_of::<BlockQ5K>(p.w);
+                        rows_k::<Q5KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+                    }
+                    Layout::Interleaved8 => {
+                        let wb = groups_of::<BlockQ5Kx8>(p.w);
+                        rows_q5k_x8(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+                    }
+                }
             });
         }
         DType::Q6K => {

@@ -6,7 +6,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::FLOAT_GEMM_MIN_ROWS;
 use super::{
-    Path, AMX_MIN_ROWS, GEMM_MIN_ROWS, Q4K_BYTES_MIN_ROWS, Q4K_GEMM_MIN_ROWS, Q4K_X8_GEMM_MIN_ROWS,
+    Path, AMX_MIN_ROWS, GEMM_MIN_ROWS, K_X8_GEMM_MIN_ROWS, Q4K_BYTES_MIN_ROWS, Q4K_GEMM_MIN_ROWS,
     Q5K_BYTES_MIN_ROWS, Q5K_GEMM_MIN_ROWS, Q6K_GEMM_MIN_ROWS,
 };
 use crate::cpu::Isa;
@@ -382,79 +382,116 @@ pub(super) fn rows_k<F: FmtKPath>(
     }
 }
 
-/// `rows_k` for a Q4_K matrix interleaved at load (`w`: its groups of 8 rows; `r0` a multiple
-/// of 8, of 16 for the AVX-512 GEMM): below `Q4K_X8_GEMM_MIN_ROWS` activation rows the
+/// `rows_k` for a Q4_K or Q5_K matrix interleaved at load (`w`: its groups of 8 rows; `r0` a
+/// multiple of 8, of 16 for the AVX-512 GEMM): below `K_X8_GEMM_MIN_ROWS` activation rows the
 /// interleaved decode tile (`avx2_q4k_decode`), from it the level's k-quant GEMM, packing from
-/// the groups. The scalar path takes each group back to rows and runs the row-major dot.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn rows_q4k_x8(
-    path: Path,
-    w: &[BlockQ4Kx8],
-    rows: usize,
-    acts: &[BlockQ8K],
-    m: usize,
-    r0: usize,
-    r1: usize,
-    out: SyncPtr<f32>,
-) {
-    let nb = acts.len() / m;
-    match path {
-        Path::Scalar => {
-            for j0 in (r0..r1).step_by(8) {
-                let group = interleave::group_rows::<BlockQ4K>(w, nb, j0 / 8);
-                for i in 0..m {
-                    let a = &acts[i * nb..(i + 1) * nb];
-                    for j in j0..(j0 + 8).min(r1) {
-                        let k = j - j0;
-                        let v = scalar::dot_q4k_q8k(&group[k * nb..(k + 1) * nb], a);
-                        // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
-                        unsafe { *out.0.add(i * rows + j) = v };
+/// the groups (from `$bmin` rows, on AVX-512, as bytes). The scalar path takes each group back
+/// to rows and runs the row-major dot.
+macro_rules! rows_kx8 {
+    ($name:ident, $x8:ty, $row:ty, $dot:path, $tile:ident, $zmm:ident, $zmmb:ident, $ymm:ident, $bmin:expr) => {
+        #[allow(clippy::too_many_arguments)]
+        pub(super) fn $name(
+            path: Path,
+            w: &[$x8],
+            rows: usize,
+            acts: &[BlockQ8K],
+            m: usize,
+            r0: usize,
+            r1: usize,
+            out: SyncPtr<f32>,
+        ) {
+            let nb = acts.len() / m;
+            match path {
+                Path::Scalar => {
+                    for j0 in (r0..r1).step_by(8) {
+                        let group = interleave::group_rows::<$row>(w, nb, j0 / 8);
+                        for i in 0..m {
+                            let a = &acts[i * nb..(i + 1) * nb];
+                            for j in j0..(j0 + 8).min(r1) {
+                                let k = j - j0;
+                                let v = $dot(&group[k * nb..(k + 1) * nb], a);
+                                // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
+                                unsafe { *out.0.add(i * rows + j) = v };
+                            }
+                        }
                     }
                 }
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as in `rows_32`; `split_rows` gives aligned ranges.
+                isa => unsafe {
+                    use crate::quant::dot::avx2_kgemm::{self, $ymm};
+                    use crate::quant::dot::avx2_q4k_decode::$tile;
+                    use crate::quant::dot::avx512_kgemm::{self, $zmm, $zmmb};
+                    use crate::quant::dot::{avx2, avx2_q4_decode, vnni};
+                    let acts = Acts32 {
+                        blocks: acts,
+                        d: &[],
+                        s: &[],
+                        neg8_ysum: &[],
+                        m,
+                        nb,
+                    };
+                    let out = out.0;
+                    if m >= K_X8_GEMM_MIN_ROWS {
+                        match isa {
+                            Isa::Avx512 if m >= $bmin => {
+                                avx512_kgemm::matmul_rows::<$zmmb>(w, rows, &acts, r0, r1, out)
+                            }
+                            Isa::Avx512 => {
+                                avx512_kgemm::matmul_rows::<$zmm>(w, rows, &acts, r0, r1, out)
+                            }
+                            Isa::AvxVnni => {
+                                avx2_kgemm::matmul_rows_avx_vnni::<$ymm<vnni::AvxVnni>>(
+                                    w, rows, &acts, r0, r1, out,
+                                )
+                            }
+                            _ => avx2_kgemm::matmul_rows::<$ymm<avx2::Avx2>>(
+                                w, rows, &acts, r0, r1, out,
+                            ),
+                        }
+                    } else {
+                        match isa {
+                            Isa::Avx512 => {
+                                vnni::rows_x8_avx512vl::<$tile>(w, rows, &acts, r0, r1, out)
+                            }
+                            Isa::AvxVnni => {
+                                vnni::rows_x8_avx_vnni::<$tile>(w, rows, &acts, r0, r1, out)
+                            }
+                            _ => {
+                                avx2_q4_decode::matmul_rows_x8::<$tile>(w, rows, &acts, r0, r1, out)
+                            }
+                        }
+                    }
+                },
+                #[cfg(not(target_arch = "x86_64"))]
+                _ => unreachable!("no SIMD kernels on this architecture"),
             }
         }
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `rows_32`; `split_rows` gives aligned ranges.
-        isa => unsafe {
-            use crate::quant::dot::avx2_kgemm::{self, Q4K8X8};
-            use crate::quant::dot::avx2_q4k_decode::Q4KX8;
-            use crate::quant::dot::{avx2, avx2_q4_decode, avx512_kgemm, vnni};
-            let acts = Acts32 {
-                blocks: acts,
-                d: &[],
-                s: &[],
-                neg8_ysum: &[],
-                m,
-                nb,
-            };
-            let out = out.0;
-            if m >= Q4K_X8_GEMM_MIN_ROWS {
-                match isa {
-                    Isa::Avx512 if m >= Q4K_BYTES_MIN_ROWS => {
-                        avx512_kgemm::matmul_rows::<avx512_kgemm::Q4K16X8B>(
-                            w, rows, &acts, r0, r1, out,
-                        )
-                    }
-                    Isa::Avx512 => avx512_kgemm::matmul_rows::<avx512_kgemm::Q4K16X8>(
-                        w, rows, &acts, r0, r1, out,
-                    ),
-                    Isa::AvxVnni => avx2_kgemm::matmul_rows_avx_vnni::<Q4K8X8<vnni::AvxVnni>>(
-                        w, rows, &acts, r0, r1, out,
-                    ),
-                    _ => avx2_kgemm::matmul_rows::<Q4K8X8<avx2::Avx2>>(w, rows, &acts, r0, r1, out),
-                }
-            } else {
-                match isa {
-                    Isa::Avx512 => vnni::rows_x8_avx512vl::<Q4KX8>(w, rows, &acts, r0, r1, out),
-                    Isa::AvxVnni => vnni::rows_x8_avx_vnni::<Q4KX8>(w, rows, &acts, r0, r1, out),
-                    _ => avx2_q4_decode::matmul_rows_x8::<Q4KX8>(w, rows, &acts, r0, r1, out),
-                }
-            }
-        },
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("no SIMD kernels on this architecture"),
-    }
+    };
 }
+
+rows_kx8!(
+    rows_q4k_x8,
+    BlockQ4Kx8,
+    BlockQ4K,
+    scalar::dot_q4k_q8k,
+    Q4KX8,
+    Q4K16X8,
+    Q4K16X8B,
+    Q4K8X8,
+    Q4K_BYTES_MIN_ROWS
+);
+rows_kx8!(
+    rows_q5k_x8,
+    BlockQ5Kx8,
+    BlockQ5K,
+    scalar::dot_q5k_q8k,
+    Q5KX8,
+    Q5K16X8,
+    Q5K16X8B,
+    Q5K8X8,
+    Q5K_BYTES_MIN_ROWS
+);
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn rows_float(

@@ -121,6 +121,19 @@ pub struct BlockQ4Kx8 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4Kx8>() == 8 * 144);
 
+/// 8 rows' `BlockQ5K` interleaved as `BlockQ4Kx8` is, with `qh[h]` holding bytes `4h..4h + 4`
+/// of each row's `qh` (bit `j` of each: the fifth bit of value `4h..4h + 4` of sub-block `j`).
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ5Kx8 {
+    pub d: [f16; 8],
+    pub dmin: [f16; 8],
+    pub scales: [[u8; 32]; 3],
+    pub qh: [[u8; 32]; 8],
+    pub qs: [[u8; 32]; 32],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ5Kx8>() == 8 * 176);
+
 /// Q4_K plus a fifth bit per value in `qh`.
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 #[repr(C)]

@@ -1,10 +1,10 @@
-//! The load-time layout of Q4_0 / Q4_1 / Q8_0 / Q4_K and float matrices for the kernels
-//! (`Layout::Interleaved8`): groups of 8 rows.
+//! The load-time layout of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K and float matrices for the
+//! kernels (`Layout::Interleaved8`): groups of 8 rows.
 //!
-//! - Q4_0 / Q4_1 / Q8_0 / Q4_K: block by block, each block holding the 8 rows' scales (and
-//!   mins) side by side and their quants one dword of each row at a time (`BlockQ4_0x8`,
-//!   `BlockQ4_1x8`, `BlockQ8_0x8`, `BlockQ4Kx8`, whose packed 6-bit scales are interleaved a
-//!   word at a time too). It is the lane order the 8-row kernels multiply in
+//! - Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K: block by block, each block holding the 8 rows' scales
+//!   (and mins) side by side and their quants one dword of each row at a time (`BlockQ4_0x8`,
+//!   `BlockQ4_1x8`, `BlockQ8_0x8`, `BlockQ4Kx8`, `BlockQ5Kx8`, whose packed 6-bit scales and
+//!   fifth bits are interleaved a word at a time too). It is the lane order the 8-row kernels multiply in
 //!   (`avx2_gemm::Packed`, `kgemm_pack`), so decode reads each block with plain loads instead
 //!   of gathering 8 rows' scales and shuffling their nibbles (`avx2_q4_decode::tile_x8`,
 //!   `avx2_q4k_decode`), and prefill packing is a copy.
@@ -18,7 +18,8 @@
 //! bit for bit: only the order moves.
 
 use super::blocks::{
-    BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8,
+    BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ5K, BlockQ5Kx8,
+    BlockQ8_0, BlockQ8_0x8,
 };
 use crate::storage::{AlignedBytes, Layout, WeightData};
 use crate::{DType, QMatrix};
@@ -109,6 +110,28 @@ impl Interleave for BlockQ8_0 {
     }
 }
 
+impl Interleave for BlockQ5K {
+    type X8 = BlockQ5Kx8;
+    fn interleave(rows: [Option<&Self>; 8]) -> BlockQ5Kx8 {
+        BlockQ5Kx8 {
+            d: rows.map(|r| r.map_or(f16::ZERO, |r| r.d)),
+            dmin: rows.map(|r| r.map_or(f16::ZERO, |r| r.dmin)),
+            scales: interleave_qs(rows.map(|r| r.map(|r| &r.scales))),
+            qh: interleave_qs(rows.map(|r| r.map(|r| &r.qh))),
+            qs: interleave_qs(rows.map(|r| r.map(|r| &r.qs))),
+        }
+    }
+    fn row_of(x: &BlockQ5Kx8, k: usize) -> Self {
+        BlockQ5K {
+            d: x.d[k],
+            dmin: x.dmin[k],
+            scales: row_qs(&x.scales, k),
+            qh: row_qs(&x.qh, k),
+            qs: row_qs(&x.qs, k),
+        }
+    }
+}
+
 impl Interleave for BlockQ4K {
     type X8 = BlockQ4Kx8;
     fn interleave(rows: [Option<&Self>; 8]) -> BlockQ4Kx8 {
@@ -150,12 +173,12 @@ pub fn group_rows<B: Interleave>(x8: &[B::X8], nb: usize, g: usize) -> Vec<B> {
         .collect()
 }
 
-/// Whether `m` has an interleaved form: Q4_0, Q4_1, Q8_0 and Q4_K stored as rows, and F32, F16 and
+/// Whether `m` has an interleaved form: Q4_0, Q4_1, Q8_0, Q4_K and Q5_K stored as rows, and F32, F16 and
 /// BF16 ones whose rows are whole chunks of 8 values. BF16 keeps its rows when the process
 /// multiplies it with `vdpbf16ps` (`cpu::bf16_dots`), whose kernel reads rows.
 pub fn can_interleave(m: &QMatrix) -> bool {
     let format = match m.dtype {
-        DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K => true,
+        DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K | DType::Q5K => true,
         DType::BF16 if crate::cpu::bf16_dots() => false,
         DType::F32 | DType::F16 | DType::BF16 => m.cols.is_multiple_of(FLOAT_CHUNK),
         _ => false,
@@ -213,6 +236,7 @@ pub fn interleaved_bytes(m: &QMatrix) -> Option<Vec<u8>> {
         DType::Q4_0 => go::<BlockQ4_0>(bytes, m.rows, nb),
         DType::Q4_1 => go::<BlockQ4_1>(bytes, m.rows, nb),
         DType::Q4K => go::<BlockQ4K>(bytes, m.rows, nb),
+        DType::Q5K => go::<BlockQ5K>(bytes, m.rows, nb),
         _ => go::<BlockQ8_0>(bytes, m.rows, nb),
     })
 }
@@ -253,6 +277,7 @@ pub fn row_bytes(m: &QMatrix, r: usize) -> Vec<u8> {
                 DType::Q4_1 => go::<BlockQ4_1>(m.data.bytes(), nb, r),
                 DType::Q8_0 => go::<BlockQ8_0>(m.data.bytes(), nb, r),
                 DType::Q4K => go::<BlockQ4K>(m.data.bytes(), nb, r),
+                DType::Q5K => go::<BlockQ5K>(m.data.bytes(), nb, r),
                 other => unreachable!("{other} is never interleaved"),
             }
         }

@@ -32,10 +32,10 @@ use super::avx2::IntDot;
 use super::avx2_gemm::store8;
 use super::gemm_driver::{drive, with_buffer, Repacked};
 use super::kgemm_pack::{
-    pack_k4, pack_q4k_x8, pack_q6k, K4Packed, PackedQ4KB, PackedQ5KB, PackedQ6K,
+    pack_k4, pack_k4_x8, pack_q6k, K4Packed, PackedK4B, PackedQ4KB, PackedQ5KB, PackedQ6K,
 };
 use super::Acts32;
-use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ6K, BlockQ8K};
+use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ8K};
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
@@ -49,13 +49,16 @@ pub struct Q4K8<D>(PhantomData<D>);
 pub struct Q4K8X8<D>(PhantomData<D>);
 /// The 8-row Q5_K kernel with integer dot `D`.
 pub struct Q5K8<D>(PhantomData<D>);
+/// The 8-row Q5_K kernel with integer dot `D`, on a matrix interleaved at load
+/// (`BlockQ5Kx8`).
+pub struct Q5K8X8<D>(PhantomData<D>);
 /// The 8-row Q6_K kernel with integer dot `D`.
 pub struct Q6K8<D>(PhantomData<D>);
 
 /// `Repacked` for an 8-row kernel with integer dot `D`: `$w` blocks packed by `$pack` into
-/// `$packed`, multiplied by `$tile::<D, R $(, $generic)?>`.
+/// `$packed`, multiplied by its `Tile8`.
 macro_rules! repacked8 {
-    ($name:ident, $w:ty, $packed:ty, $pack:ident, $tile:ident $(, $generic:ty)?) => {
+    ($name:ident, $w:ty, $packed:ty, $pack:ident) => {
         impl<D: IntDot> Repacked for $name<D> {
             type W = $w;
             type A = BlockQ8K;
@@ -72,7 +75,7 @@ macro_rules! repacked8 {
                 acts: &Acts32<BlockQ8K>,
                 i0: usize,
             ) -> [__m256; R] {
-                $tile::<D, R $(, $generic)?>(pk, acts, i0)
+                <$packed as Tile8>::tile::<D, R>(pk, acts, i0)
             }
             #[inline(always)]
             unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
@@ -82,31 +85,46 @@ macro_rules! repacked8 {
     };
 }
 
-repacked8!(
-    Q4K8,
-    BlockQ4K,
-    PackedQ4KB<8>,
-    pack_k4,
-    tile_k4,
-    PackedQ4KB<8>
-);
-repacked8!(
-    Q4K8X8,
-    BlockQ4Kx8,
-    PackedQ4KB<8>,
-    pack_q4k_x8,
-    tile_k4,
-    PackedQ4KB<8>
-);
-repacked8!(
-    Q5K8,
-    BlockQ5K,
-    PackedQ5KB<8>,
-    pack_k4,
-    tile_k4,
-    PackedQ5KB<8>
-);
-repacked8!(Q6K8, BlockQ6K, PackedQ6K<8>, pack_q6k, tile_q6k);
+repacked8!(Q4K8, BlockQ4K, PackedQ4KB<8>, pack_k4);
+repacked8!(Q4K8X8, BlockQ4Kx8, PackedQ4KB<8>, pack_k4_x8);
+repacked8!(Q5K8, BlockQ5K, PackedQ5KB<8>, pack_k4);
+repacked8!(Q5K8X8, BlockQ5Kx8, PackedQ5KB<8>, pack_k4_x8);
+repacked8!(Q6K8, BlockQ6K, PackedQ6K<8>, pack_q6k);
+
+/// The tile that multiplies a packed block of 8 weight rows.
+trait Tile8: Sized {
+    /// The `R × 8` outputs of activation rows `i0..i0 + R` against one group.
+    ///
+    /// # Safety
+    /// AVX2 available; `pk` holds `acts.nb` blocks; `acts` covers rows `i0..i0 + R`.
+    unsafe fn tile<D: IntDot, const R: usize>(
+        pk: &[Self],
+        acts: &Acts32<BlockQ8K>,
+        i0: usize,
+    ) -> [__m256; R];
+}
+
+impl<const QH: usize> Tile8 for PackedK4B<8, QH> {
+    #[inline(always)]
+    unsafe fn tile<D: IntDot, const R: usize>(
+        pk: &[Self],
+        acts: &Acts32<BlockQ8K>,
+        i0: usize,
+    ) -> [__m256; R] {
+        tile_k4::<D, R, Self>(pk, acts, i0)
+    }
+}
+
+impl Tile8 for PackedQ6K<8> {
+    #[inline(always)]
+    unsafe fn tile<D: IntDot, const R: usize>(
+        pk: &[Self],
+        acts: &Acts32<BlockQ8K>,
+        i0: usize,
+    ) -> [__m256; R] {
+        tile_q6k::<D, R>(pk, acts, i0)
+    }
+}
 
 /// 4 bytes at `p`, broadcast to every i32 lane.
 #[inline(always)]

@@ -31,11 +31,11 @@
 
 use super::gemm_driver::{drive, with_buffer, Repacked};
 use super::kgemm_pack::{
-    pack_k4, pack_q4k_x8, pack_q6k, K4Packed, PackedQ4K, PackedQ4KB, PackedQ5K, PackedQ5KB,
+    pack_k4, pack_k4_x8, pack_q6k, K4Packed, PackedQ4K, PackedQ4KB, PackedQ5K, PackedQ5KB,
     PackedQ6K,
 };
 use super::Acts32;
-use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ6K, BlockQ8K};
+use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ8K};
 use std::arch::x86_64::*;
 
 /// Activation rows per register tile: 8 `vpdpbusd` chains (one per row) hide its latency
@@ -56,11 +56,15 @@ pub struct Q4K16B;
 pub struct Q4K16X8B;
 /// `Q5K16` with the quants packed as bytes.
 pub struct Q5K16B;
+/// The 16-row Q5_K kernel on a matrix interleaved at load (`BlockQ5Kx8`).
+pub struct Q5K16X8;
+/// `Q5K16X8` with the quants packed as bytes.
+pub struct Q5K16X8B;
 
 /// `Repacked` for a 16-row kernel: `$w` blocks packed by `$pack` into `$packed`, multiplied by
-/// `$tile::<R $(, $generic)?>`.
+/// `$tile`.
 macro_rules! repacked16 {
-    ($name:ident, $w:ty, $packed:ty, $pack:ident, $tile:ident $(, $generic:ty)?) => {
+    ($name:ident, $w:ty, $packed:ty, $pack:ident, $tile:ident) => {
         impl Repacked for $name {
             type W = $w;
             type A = BlockQ8K;
@@ -77,7 +81,7 @@ macro_rules! repacked16 {
                 acts: &Acts32<BlockQ8K>,
                 i0: usize,
             ) -> [__m512; R] {
-                $tile::<R $(, $generic)?>(pk, acts, i0)
+                $tile(pk, acts, i0)
             }
             #[inline]
             unsafe fn store(dst: *mut f32, v: __m512, n: usize) {
@@ -87,54 +91,14 @@ macro_rules! repacked16 {
     };
 }
 
-repacked16!(
-    Q4K16,
-    BlockQ4K,
-    PackedQ4K<16>,
-    pack_k4,
-    tile_k4,
-    PackedQ4K<16>
-);
-repacked16!(
-    Q4K16X8,
-    BlockQ4Kx8,
-    PackedQ4K<16>,
-    pack_q4k_x8,
-    tile_k4,
-    PackedQ4K<16>
-);
-repacked16!(
-    Q5K16,
-    BlockQ5K,
-    PackedQ5K<16>,
-    pack_k4,
-    tile_k4,
-    PackedQ5K<16>
-);
-repacked16!(
-    Q4K16B,
-    BlockQ4K,
-    PackedQ4KB<16>,
-    pack_k4,
-    tile_k4,
-    PackedQ4KB<16>
-);
-repacked16!(
-    Q4K16X8B,
-    BlockQ4Kx8,
-    PackedQ4KB<16>,
-    pack_q4k_x8,
-    tile_k4,
-    PackedQ4KB<16>
-);
-repacked16!(
-    Q5K16B,
-    BlockQ5K,
-    PackedQ5KB<16>,
-    pack_k4,
-    tile_k4,
-    PackedQ5KB<16>
-);
+repacked16!(Q4K16, BlockQ4K, PackedQ4K<16>, pack_k4, tile_k4);
+repacked16!(Q4K16X8, BlockQ4Kx8, PackedQ4K<16>, pack_k4_x8, tile_k4);
+repacked16!(Q5K16, BlockQ5K, PackedQ5K<16>, pack_k4, tile_k4);
+repacked16!(Q4K16B, BlockQ4K, PackedQ4KB<16>, pack_k4, tile_k4);
+repacked16!(Q4K16X8B, BlockQ4Kx8, PackedQ4KB<16>, pack_k4_x8, tile_k4);
+repacked16!(Q5K16B, BlockQ5K, PackedQ5KB<16>, pack_k4, tile_k4);
+repacked16!(Q5K16X8, BlockQ5Kx8, PackedQ5K<16>, pack_k4_x8, tile_k4);
+repacked16!(Q5K16X8B, BlockQ5Kx8, PackedQ5KB<16>, pack_k4_x8, tile_k4);
 repacked16!(Q6K16, BlockQ6K, PackedQ6K<16>, pack_q6k, tile_q6k);
 
 /// 4 bytes at `p`, broadcast to every i32 lane.

@@ -24,9 +24,9 @@
 // Index loops mirror the block layouts.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2_q4k_decode::{scales_mins, shuffle, SCALE_DUP};
+use super::avx2_q4k_decode::{scales_mins, shuffle, K4x8, SCALE_DUP};
 use super::scales_mins_k4;
-use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ6K};
+use crate::quant::blocks::{BlockQ4K, BlockQ5K, BlockQ6K};
 use std::arch::x86_64::*;
 
 /// The scales of one Q4_K or Q5_K super-block of `N` weight rows, the same in both layouts.
@@ -85,11 +85,11 @@ pub trait K4Packed<const N: usize>: Copy {
     /// # Safety
     /// AVX2 available; `g + 8 <= N`.
     unsafe fn store_rows<B: K4Block>(&mut self, g: usize, x: [&B; T]);
-    /// Store the quants of an interleaved Q4_K group as weight rows `g..g + 8`.
+    /// Store the quants of an interleaved Q4_K or Q5_K group as weight rows `g..g + 8`.
     ///
     /// # Safety
     /// AVX2 available; `g + 8 <= N`.
-    unsafe fn store_x8(&mut self, g: usize, x: &BlockQ4Kx8);
+    unsafe fn store_x8<X: K4x8>(&mut self, g: usize, x: &X);
 }
 
 impl<const N: usize, const QH: usize> K4Packed<N> for PackedK4<N, QH> {
@@ -120,10 +120,16 @@ impl<const N: usize, const QH: usize> K4Packed<N> for PackedK4<N, QH> {
         }
     }
     #[inline(always)]
-    unsafe fn store_x8(&mut self, g: usize, x: &BlockQ4Kx8) {
+    unsafe fn store_x8<X: K4x8>(&mut self, g: usize, x: &X) {
         let qs = self.qs.as_mut_ptr().cast::<i32>().add(g);
-        for (v, words) in x.qs.iter().enumerate() {
+        for (v, words) in x.qs().iter().enumerate() {
             _mm256_storeu_si256(qs.add(v * N).cast(), load8(words.as_ptr()));
+        }
+        if QH > 0 {
+            let qh = self.qh.as_mut_ptr().cast::<i32>().add(g);
+            for (h, words) in x.qh().iter().enumerate() {
+                _mm256_storeu_si256(qh.add(h * N).cast(), load8(words.as_ptr()));
+            }
         }
     }
 }
@@ -170,15 +176,19 @@ impl<const N: usize, const QH: usize> K4Packed<N> for PackedK4B<N, QH> {
         }
     }
     #[inline(always)]
-    unsafe fn store_x8(&mut self, g: usize, x: &BlockQ4Kx8) {
+    unsafe fn store_x8<X: K4x8>(&mut self, g: usize, x: &X) {
         // Word `v = 8c + h` of the group holds sub-blocks `2c` and `2c + 1`.
         let q = self.q.as_mut_ptr().cast::<i32>().add(g);
-        for (v, words) in x.qs.iter().enumerate() {
+        for (v, words) in x.qs().iter().enumerate() {
             let (c, h) = (v / 8, v % 8);
             let raw = load8(words.as_ptr());
             for half in 0..2 {
-                let at = q.add((8 * (2 * c + half) + h) * N);
-                _mm256_storeu_si256(at.cast(), nibbles(raw, half));
+                let j = 2 * c + half;
+                let mut b = nibbles(raw, half);
+                if QH > 0 {
+                    b = _mm256_or_si256(b, fifth_bits(load8(x.qh()[h].as_ptr()), j));
+                }
+                _mm256_storeu_si256(q.add((8 * j + h) * N).cast(), b);
             }
         }
     }
@@ -401,9 +411,9 @@ pub unsafe fn pack_k4<B: K4Block, P: K4Packed<N>, const N: usize>(
     }
 }
 
-/// `pack_k4` from a matrix interleaved at load (`w`: its groups of 8 rows, `nb` blocks each):
-/// the quants are already in `PackedK4`'s order (a copy), the scales unpack 8 rows at a time
-/// (`avx2_q4k_decode::scales_mins`). Groups past row `r1 - 1`'s repeat it.
+/// `pack_k4` from a Q4_K or Q5_K matrix interleaved at load (`w`: its groups of 8 rows, `nb`
+/// blocks each): the quants are already in `PackedK4`'s order (a copy), the scales unpack 8
+/// rows at a time (`avx2_q4k_decode::scales_mins`). Groups past row `r1 - 1`'s repeat it.
 ///
 /// # Safety
 /// AVX2 and F16C available.
@@ -411,22 +421,25 @@ pub unsafe fn pack_k4<B: K4Block, P: K4Packed<N>, const N: usize>(
 /// # Panics
 /// If `w` holds fewer groups than row `r1 - 1`'s, `j0 >= r1` or `out` holds fewer than `nb`.
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn pack_q4k_x8<P: K4Packed<N>, const N: usize>(
-    w: &[BlockQ4Kx8],
+pub unsafe fn pack_k4_x8<X: K4x8, P: K4Packed<N>, const N: usize>(
+    w: &[X],
     nb: usize,
     j0: usize,
     r1: usize,
     out: &mut [P],
 ) {
-    const { assert!(N.is_multiple_of(T) && !P::FIVE) };
+    const { assert!(N.is_multiple_of(T) && P::FIVE == X::FIVE) };
     for g in (0..N).step_by(T) {
         let group = (j0 + g).min(r1 - 1) / T;
         let src = &w[group * nb..(group + 1) * nb];
         for (x, p) in src.iter().zip(&mut out[..nb]) {
             let hd = p.head_mut();
-            halves_to_f32(x.d.map(|d| d.to_bits()), hd.d[g..g + T].as_mut_ptr());
-            halves_to_f32(x.dmin.map(|d| d.to_bits()), hd.dmin[g..g + T].as_mut_ptr());
-            let sm = scales_mins(x);
+            halves_to_f32(x.d().map(|d| d.to_bits()), hd.d[g..g + T].as_mut_ptr());
+            halves_to_f32(
+                x.dmin().map(|d| d.to_bits()),
+                hd.dmin[g..g + T].as_mut_ptr(),
+            );
+            let sm = scales_mins(x.scales());
             for j in 0..8 {
                 store(&mut hd.sc[j][g..], shuffle(sm[j / 4], &SCALE_DUP[j % 4]));
                 store(
