@@ -414,44 +414,27 @@ fn run(
                 }
             });
         }
-        DType::Q4K => {
+        DType::Q4K | DType::Q5K => {
             let acts = scratch.q8k(pool, how, x, shape);
-            let x8 = first.w.layout == Layout::Interleaved8;
-            let min_rows = if x8 {
-                K_X8_GEMM_MIN_ROWS
-            } else {
-                Q4K_GEMM_MIN_ROWS
+            let min_rows = match (first.w.layout, first.w.dtype) {
+                (Layout::Interleaved8, _) => K_X8_GEMM_MIN_ROWS,
+                (_, DType::Q4K) => Q4K_GEMM_MIN_ROWS,
+                _ => Q5K_GEMM_MIN_ROWS,
             };
             split_rows(pool, parts, align_k(min_rows), |p, r0, r1| {
-                match p.w.layout {
-                    Layout::Rows => {
-                        let wb = blocks_of::<BlockQ4K>(p.w);
-                        rows_k::<Q4KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+                let (w, rows, out) = (p.w, p.w.rows, p.out);
+                match (w.dtype, w.layout) {
+                    (DType::Q4K, Layout::Rows) => {
+                        rows_k::<Q4KFmt>(path, blocks_of(w), rows, acts, m, r0, r1, out)
                     }
-                    Layout::Interleaved8 => {
-                        let wb = groups_of::<BlockQ4Kx8>(p.w);
-                        rows_q4k_x8(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+                    (DType::Q4K, Layout::Interleaved8) => {
+                        rows_q4k_x8(path, groups_of(w), rows, acts, m, r0, r1, out)
                     }
-                }
-            });
-        }
-        DType::Q5K => {
-            let acts = scratch.q8k(pool, how, x, shape);
-            let x8 = first.w.layout == Layout::Interleaved8;
-            let min_rows = if x8 {
-                K_X8_GEMM_MIN_ROWS
-            } else {
-                Q5K_GEMM_MIN_ROWS
-            };
-            split_rows(pool, parts, align_k(min_rows), |p, r0, r1| {
-                match p.w.layout {
-                    Layout::Rows => {
-                        let wb = blocks_of::<BlockQ5K>(p.w);
-                        rows_k::<Q5KFmt>(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+                    (_, Layout::Rows) => {
+                        rows_k::<Q5KFmt>(path, blocks_of(w), rows, acts, m, r0, r1, out)
                     }
-                    Layout::Interleaved8 => {
-                        let wb = groups_of::<BlockQ5Kx8>(p.w);
-                        rows_q5k_x8(path, wb, p.w.rows, acts, m, r0, r1, p.out)
+                    (_, Layout::Interleaved8) => {
+                        rows_q5k_x8(path, groups_of(w), rows, acts, m, r0, r1, out)
                     }
                 }
             });
