@@ -102,7 +102,7 @@ unsafe fn broadcast_dword(p: *const i32) -> __m256i {
 /// Bit `j` of each byte of `qh` moved to bit 4 (the fifth bit of a Q5_K value of sub-block
 /// `j`), every other bit clear: one shift of the 16-bit lanes, then a mask.
 #[inline(always)]
-unsafe fn fifth_bit(qh: __m256i, j: usize) -> __m256i {
+pub(super) unsafe fn fifth_bit(qh: __m256i, j: usize) -> __m256i {
     let moved = if j <= 4 {
         _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - j as i32))
     } else {

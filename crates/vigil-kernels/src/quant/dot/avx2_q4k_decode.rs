@@ -22,6 +22,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::avx2::{prefetch_sweep, IntDot};
+use super::avx2_k_decode::fifth_bit;
 use super::avx2_kgemm::bcast4;
 use super::avx2_q4_decode::GroupTiles;
 use super::Acts32;
@@ -139,17 +140,6 @@ pub(super) unsafe fn scales_mins(scales: &[[u8; 32]; 3]) -> [__m256i; 4] {
         _mm256_and_si256(w1, low6),
         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(w2), nib), tops(w1)),
     ]
-}
-
-/// Bit `j` of each byte of `qh` moved to bit 4 (Q5_K's fifth bit of sub-block `j`).
-#[inline(always)]
-unsafe fn fifth_bit(qh: __m256i, j: usize) -> __m256i {
-    let moved = if j <= 4 {
-        _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - j as i32))
-    } else {
-        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32 - 4))
-    };
-    _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
 }
 
 /// Block `x` of 8 rows against activation block `y` (`pairs`: its 16-value sums added in

@@ -24,6 +24,7 @@
 // Index loops mirror the block layouts.
 #![allow(clippy::needless_range_loop)]
 
+use super::avx2_k_decode::fifth_bit;
 use super::avx2_q4k_decode::{scales_mins, shuffle, K4x8, SCALE_DUP};
 use super::scales_mins_k4;
 use crate::quant::blocks::{BlockQ4K, BlockQ5K, BlockQ6K};
@@ -168,7 +169,7 @@ impl<const N: usize, const QH: usize> K4Packed<N> for PackedK4B<N, QH> {
                     let j = 2 * c + half;
                     let mut v = nibbles(raw[h], half);
                     if QH > 0 {
-                        v = _mm256_or_si256(v, fifth_bits(qh[h], j));
+                        v = _mm256_or_si256(v, fifth_bit(qh[h], j));
                     }
                     _mm256_storeu_si256(q.add((8 * j + h) * N).cast(), v);
                 }
@@ -186,7 +187,7 @@ impl<const N: usize, const QH: usize> K4Packed<N> for PackedK4B<N, QH> {
                 let j = 2 * c + half;
                 let mut b = nibbles(raw, half);
                 if QH > 0 {
-                    b = _mm256_or_si256(b, fifth_bits(load8(x.qh()[h].as_ptr()), j));
+                    b = _mm256_or_si256(b, fifth_bit(load8(x.qh()[h].as_ptr()), j));
                 }
                 _mm256_storeu_si256(q.add((8 * j + h) * N).cast(), b);
             }
@@ -267,16 +268,6 @@ unsafe fn nibbles(raw: __m256i, half: usize) -> __m256i {
     } else {
         _mm256_and_si256(_mm256_srli_epi32::<4>(raw), nib)
     }
-}
-
-/// Bit `j` of each byte of `qh`, moved to bit 4 (Q5_K's fifth bit of sub-block `j`).
-#[inline(always)]
-unsafe fn fifth_bits(qh: __m256i, j: usize) -> __m256i {
-    let bit = _mm256_and_si256(
-        _mm256_srl_epi32(qh, _mm_cvtsi32_si128(j as i32)),
-        _mm256_set1_epi32(0x0101_0101),
-    );
-    _mm256_slli_epi32::<4>(bit)
 }
 
 /// Weight row `k` of the group starting at `j0`; rows `>= r1` repeat row `r1 - 1` (their
