@@ -32,7 +32,7 @@ use super::avx2::IntDot;
 use super::avx2_gemm::store8;
 use super::gemm_driver::{drive, with_buffer, Repacked};
 use super::kgemm_pack::{
-    pack_k4, pack_k4_x8, pack_q6k, K4Packed, PackedK4B, PackedQ4KB, PackedQ5KB, PackedQ6K,
+    pack_k4, pack_k4_x8, pack_q6k, PackedK4B, PackedQ4KB, PackedQ5KB, PackedQ6K,
 };
 use super::Acts32;
 use crate::quant::blocks::{BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ8K};
@@ -56,9 +56,9 @@ pub struct Q5K8X8<D>(PhantomData<D>);
 pub struct Q6K8<D>(PhantomData<D>);
 
 /// `Repacked` for an 8-row kernel with integer dot `D`: `$w` blocks packed by `$pack` into
-/// `$packed`, multiplied by its `Tile8`.
+/// `$packed`, multiplied by `$tile::<D, R $(, $qh)?>`.
 macro_rules! repacked8 {
-    ($name:ident, $w:ty, $packed:ty, $pack:ident) => {
+    ($name:ident, $w:ty, $packed:ty, $pack:ident, $tile:ident $(, $qh:expr)?) => {
         impl<D: IntDot> Repacked for $name<D> {
             type W = $w;
             type A = BlockQ8K;
@@ -75,7 +75,7 @@ macro_rules! repacked8 {
                 acts: &Acts32<BlockQ8K>,
                 i0: usize,
             ) -> [__m256; R] {
-                <$packed as Tile8>::tile::<D, R>(pk, acts, i0)
+                $tile::<D, R $(, $qh)?>(pk, acts, i0)
             }
             #[inline(always)]
             unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
@@ -85,46 +85,11 @@ macro_rules! repacked8 {
     };
 }
 
-repacked8!(Q4K8, BlockQ4K, PackedQ4KB<8>, pack_k4);
-repacked8!(Q4K8X8, BlockQ4Kx8, PackedQ4KB<8>, pack_k4_x8);
-repacked8!(Q5K8, BlockQ5K, PackedQ5KB<8>, pack_k4);
-repacked8!(Q5K8X8, BlockQ5Kx8, PackedQ5KB<8>, pack_k4_x8);
-repacked8!(Q6K8, BlockQ6K, PackedQ6K<8>, pack_q6k);
-
-/// The tile that multiplies a packed block of 8 weight rows.
-trait Tile8: Sized {
-    /// The `R × 8` outputs of activation rows `i0..i0 + R` against one group.
-    ///
-    /// # Safety
-    /// AVX2 available; `pk` holds `acts.nb` blocks; `acts` covers rows `i0..i0 + R`.
-    unsafe fn tile<D: IntDot, const R: usize>(
-        pk: &[Self],
-        acts: &Acts32<BlockQ8K>,
-        i0: usize,
-    ) -> [__m256; R];
-}
-
-impl<const QH: usize> Tile8 for PackedK4B<8, QH> {
-    #[inline(always)]
-    unsafe fn tile<D: IntDot, const R: usize>(
-        pk: &[Self],
-        acts: &Acts32<BlockQ8K>,
-        i0: usize,
-    ) -> [__m256; R] {
-        tile_k4::<D, R, Self>(pk, acts, i0)
-    }
-}
-
-impl Tile8 for PackedQ6K<8> {
-    #[inline(always)]
-    unsafe fn tile<D: IntDot, const R: usize>(
-        pk: &[Self],
-        acts: &Acts32<BlockQ8K>,
-        i0: usize,
-    ) -> [__m256; R] {
-        tile_q6k::<D, R>(pk, acts, i0)
-    }
-}
+repacked8!(Q4K8, BlockQ4K, PackedQ4KB<8>, pack_k4, tile_k4, 0);
+repacked8!(Q4K8X8, BlockQ4Kx8, PackedQ4KB<8>, pack_k4_x8, tile_k4, 0);
+repacked8!(Q5K8, BlockQ5K, PackedQ5KB<8>, pack_k4, tile_k4, 8);
+repacked8!(Q5K8X8, BlockQ5Kx8, PackedQ5KB<8>, pack_k4_x8, tile_k4, 8);
+repacked8!(Q6K8, BlockQ6K, PackedQ6K<8>, pack_q6k, tile_q6k);
 
 /// 4 bytes at `p`, broadcast to every i32 lane.
 #[inline(always)]
@@ -137,45 +102,38 @@ unsafe fn load<T>(p: &T) -> __m256i {
     _mm256_load_si256((p as *const T).cast())
 }
 
-/// 32 aligned bytes at `p`.
-#[inline(always)]
-unsafe fn load_at(p: *const u32) -> __m256i {
-    _mm256_load_si256(p.cast())
-}
-
 /// The activation rows `i0..i0 + R` as block pointers.
 #[inline(always)]
 unsafe fn act_rows<const R: usize>(acts: &Acts32<BlockQ8K>, i0: usize) -> [*const BlockQ8K; R] {
     std::array::from_fn(|i| acts.blocks.as_ptr().add((i0 + i) * acts.nb))
 }
 
-/// Q4_K or Q5_K, quants packed as bytes (`P`): the `R × 8` outputs of activation rows
-/// `i0..i0 + R` against one group.
+/// Q4_K (`QH` = 0) or Q5_K (`QH` = 8), quants packed as bytes: the `R × 8` outputs of
+/// activation rows `i0..i0 + R` against one group.
 #[inline(always)]
-unsafe fn tile_k4<D: IntDot, const R: usize, P: K4Packed<8>>(
-    pk: &[P],
+unsafe fn tile_k4<D: IntDot, const R: usize, const QH: usize>(
+    pk: &[PackedK4B<8, QH>],
     acts: &Acts32<BlockQ8K>,
     i0: usize,
 ) -> [__m256; R] {
-    const { assert!(P::BYTES) };
     let ya = act_rows::<R>(acts, i0);
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..acts.nb {
         let p = &*pk.as_ptr().add(b);
-        let (hd, words) = (p.head(), p.words());
+        let hd = &p.hd;
         let y: [&BlockQ8K; R] = std::array::from_fn(|i| &*ya[i].add(b));
         let mut sumi = [_mm256_setzero_si256(); R];
         for j in 0..8 {
             let sc = load(&hd.sc[j]);
             let mut s16 = [_mm256_setzero_si256(); R];
             for h in 0..8 {
-                let q = load_at(words.add((8 * j + h) * 8));
+                let q = load(&p.q[8 * j + h]);
                 for i in 0..R {
                     let yv = bcast4(y[i].qs.as_ptr().add(32 * j + 4 * h));
                     s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(q, yv));
                 }
                 // Q5_K's 5-bit quants fill i16 in 4 steps (4 · 2 · 31 · 128 = 31744).
-                if P::FIVE && h == 3 {
+                if QH > 0 && h == 3 {
                     for i in 0..R {
                         sumi[i] = D::madd_acc(sumi[i], s16[i], sc);
                         s16[i] = _mm256_setzero_si256();

@@ -95,8 +95,8 @@ pub unsafe fn with_buffer<P: Copy, T>(nb: usize, f: impl FnOnce(&mut [P]) -> T) 
 }
 
 /// `out[i * rows + j]` for all activation rows `i` and weight rows `j in r0..r1`, in tiles of
-/// `MR` activation rows (the rest in a tile of 4 where `MR` is larger, then one row at a time), with `pk` (`nb` blocks, from
-/// `with_buffer`) as the packing buffer.
+/// `MR` activation rows (the rest in a tile of 4 where `MR` is larger, then one row at a time),
+/// with `pk` (`nb` blocks, from `with_buffer`) as the packing buffer.
 ///
 /// Call it only inside a `#[target_feature]` function (or a closure in one) enabling
 /// everything `K` needs, so that it and `K`'s tile are compiled (and inlined) for that ISA.

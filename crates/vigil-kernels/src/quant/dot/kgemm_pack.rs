@@ -179,6 +179,11 @@ impl<const N: usize, const QH: usize> K4Packed<N> for PackedK4B<N, QH> {
     #[inline(always)]
     unsafe fn store_x8<X: K4x8>(&mut self, g: usize, x: &X) {
         // Word `v = 8c + h` of the group holds sub-blocks `2c` and `2c + 1`.
+        let qh: [__m256i; T] = if QH > 0 {
+            std::array::from_fn(|h| load8(x.qh()[h].as_ptr()))
+        } else {
+            [_mm256_setzero_si256(); T]
+        };
         let q = self.q.as_mut_ptr().cast::<i32>().add(g);
         for (v, words) in x.qs().iter().enumerate() {
             let (c, h) = (v / 8, v % 8);
@@ -187,7 +192,7 @@ impl<const N: usize, const QH: usize> K4Packed<N> for PackedK4B<N, QH> {
                 let j = 2 * c + half;
                 let mut b = nibbles(raw, half);
                 if QH > 0 {
-                    b = _mm256_or_si256(b, fifth_bit(load8(x.qh()[h].as_ptr()), j));
+                    b = _mm256_or_si256(b, fifth_bit(qh[h], j));
                 }
                 _mm256_storeu_si256(q.add((8 * j + h) * N).cast(), b);
             }
