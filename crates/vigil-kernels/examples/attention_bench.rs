@@ -48,8 +48,15 @@ fn main() {
     if std::env::args().nth(4).as_deref() == Some("decode") {
         return decode(len, threads, reps);
     }
-    let shape = smollm2_shape();
-    let (q_dim, kv_dim) = (9 * 64, 3 * 64);
+    let shape = if std::env::var("QWEN3").is_ok_and(|v| v == "1") {
+        qwen3_shape()
+    } else {
+        smollm2_shape()
+    };
+    let (q_dim, kv_dim) = (
+        shape.num_heads * shape.head_dim,
+        shape.num_kv_heads * shape.head_dim,
+    );
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut rnd = move || {
         state ^= state << 13;
@@ -75,7 +82,7 @@ fn main() {
     let mut out = vec![0f32; len * q_dim];
     let pool = ThreadPool::new(threads);
     // QK and PV: 2 · 2 · d FLOP per (query, key, head) over the causal triangle.
-    let flop = 4.0 * 64.0 * 9.0 * (len * (len + 1) / 2) as f64;
+    let flop = 4.0 * q_dim as f64 * (len * (len + 1) / 2) as f64;
     let mut best = f64::MAX;
     for _ in 0..reps {
         let t = Instant::now();

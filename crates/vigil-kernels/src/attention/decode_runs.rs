@@ -52,9 +52,7 @@ pub(super) fn attend_decode_runs<E: KvElem>(
     let (d, bs) = (shape.head_dim, shape.block_size);
     let group = shape.num_heads / shape.num_kv_heads;
     let q_dim = shape.num_heads * d;
-    let wide = crate::cpu::features().has(crate::cpu::Isa::Avx512)
-        && bs.is_multiple_of(16)
-        && d.is_multiple_of(16);
+    let wide = shape.wide();
     let lanes = if wide { 16 } else { 8 };
     let tile = |si: usize, kv: usize| Tile {
         seq: &seqs[si],

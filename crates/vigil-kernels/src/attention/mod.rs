@@ -219,6 +219,27 @@ impl AttnShape {
     pub fn score_scale(&self) -> f32 {
         self.scale * std::f32::consts::LOG2_E
     }
+
+    /// Whether the kernels take 16 keys (and 16 value elements) a vector: AVX-512, where
+    /// blocks and heads divide by 16.
+    fn wide(&self) -> bool {
+        crate::cpu::features().has(crate::cpu::Isa::Avx512)
+            && self.block_size.is_multiple_of(16)
+            && self.head_dim.is_multiple_of(16)
+    }
+
+    /// Query rows of one sequence a prefill tile takes: 8, or with 16-lane kernels as many
+    /// as make 24 queries (12 rows of Qwen3's pairs of heads): two passes of the 12 that
+    /// AVX-512's register tiles hold (`simd::scores_t`), where 16 queries took two of 8
+    /// (Qwen3's attention over 2,048 tokens 7 % faster, `QWEN3=1 attention_bench 2048 1 5`).
+    fn rows_per_tile(&self) -> usize {
+        let group = self.num_heads / self.num_kv_heads;
+        if self.wide() {
+            24usize.div_ceil(group).clamp(ROWS_PER_TILE, 24)
+        } else {
+            ROWS_PER_TILE
+        }
+    }
 }
 
 /// Write K and V rows of the new tokens into their cache slots (K d-major within its block,
@@ -276,7 +297,7 @@ pub fn paged_attention<E: KvElem>(
         return decode_runs::attend_decode_runs(pool, shape, q, k_cache, v_cache, seqs, out);
     }
     let group = shape.num_heads / shape.num_kv_heads;
-    // A tile is up to ROWS_PER_TILE query rows of one sequence × the heads sharing one KV head:
+    // A tile is up to `rows_per_tile` query rows of one sequence × the heads sharing one KV head:
     // each key and value vector loaded serves all of them. Only when there are fewer such tiles
     // than threads (a decode step of one sequence on a model with one KV head) are the heads
     // split into tiles of their own, at the cost of reading each key and value once per head.
@@ -285,9 +306,10 @@ pub fn paged_attention<E: KvElem>(
     // 9 single-head ones (`attention_bench 2048 2 50 decode`, AVX-512). Decode steps on the AVX2
     // path split by runs of keys instead (`decode_runs`).
     let mut tiles = Vec::new();
+    let rows_per_tile = shape.rows_per_tile();
     for (si, s) in seqs.iter().enumerate() {
-        for r0 in (0..s.query_len).step_by(ROWS_PER_TILE) {
-            tiles.push((si, r0, (r0 + ROWS_PER_TILE).min(s.query_len)));
+        for r0 in (0..s.query_len).step_by(rows_per_tile) {
+            tiles.push((si, r0, (r0 + rows_per_tile).min(s.query_len)));
         }
     }
     let (tasks, threads) = (tiles.len() * shape.num_kv_heads, pool.num_threads());
@@ -320,8 +342,9 @@ pub fn paged_attention<E: KvElem>(
     });
 }
 
-/// Query rows handled together: each K and V block is widened once for rows × group queries;
-/// 8 keeps a tile's scores (24 rows of keys for a group of 3) within L2 at 2K context.
+/// Query rows handled together (the least, `AttnShape::rows_per_tile`): each K and V block is
+/// read once for rows × group queries; 8 keeps a tile's scores (24 rows of keys for a group of
+/// 3) within L2 at 2K context.
 const ROWS_PER_TILE: usize = 8;
 
 /// Flat query rows of one sequence and the heads (all sharing one KV head) of one task.
@@ -538,10 +561,7 @@ fn attend_tile_simd<'o, E: KvElem>(
         .iter()
         .map(|&(row, head)| q[row * q_dim + head * d..][..d].as_ptr())
         .collect();
-    // AVX-512 takes 16 keys (and 16 value elements) a vector where blocks and heads divide.
-    let wide = crate::cpu::features().has(crate::cpu::Isa::Avx512)
-        && bs.is_multiple_of(16)
-        && d.is_multiple_of(16);
+    let wide = shape.wide();
     let lanes = if wide { 16 } else { 8 };
     // Every vector of keys of the tile's blocks: where its element 0 is, and its first position.
     let mut key_vectors = Vec::with_capacity((stride - start / bs * bs).div_ceil(lanes));

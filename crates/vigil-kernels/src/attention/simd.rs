@@ -196,16 +196,16 @@ pub unsafe fn scores_t<E: Load8>(
     if keys.is_empty() {
         return;
     }
-    let mut i0 = 0;
-    while i0 < q.len() {
-        let last = |i: usize| (i0 + i).min(q.len() - 1);
-        let qs: [*const f32; 6] = std::array::from_fn(|i| q[last(i)]);
-        let os: [*mut f32; 6] = std::array::from_fn(|i| out[last(i)]);
+    for (i0, n) in passes(q.len(), wide) {
+        let last = |i: usize| i0 + i.min(n - 1);
+        let qs: [*const f32; GROUP_MAX] = std::array::from_fn(|i| q[last(i)]);
+        let os: [*mut f32; GROUP_MAX] = std::array::from_fn(|i| out[last(i)]);
         // Enough independent accumulators to cover the FMA latency: 4 vectors of keys
         // for 1–2 queries, 3 for 3 (a decode step's group in SmolLM2: 9 chains instead
         // of 6, ~5 % less time per key with the keys in L2, 7 % at 2,048 keys from DRAM;
-        // Zen 3), 2 for 4–6.
-        match (wide, q.len() - i0) {
+        // Zen 3), 2 for 4–6. AVX-512's 32 registers take up to 24 sums: a prefill tile's
+        // 16 or 24 queries in passes of 8 or 12, each key vector widened once a pass.
+        match (wide, n) {
             (false, 1) => scores_micro::<E, 1, 4>(&qs, keys, stride, d, scale, &os),
             (false, 2) => scores_micro::<E, 2, 4>(&qs, keys, stride, d, scale, &os),
             (false, 3) => scores_micro::<E, 3, 3>(&qs, keys, stride, d, scale, &os),
@@ -217,22 +217,41 @@ pub unsafe fn scores_t<E: Load8>(
             (true, 3) => scores_micro16::<E, 3, 2>(&qs, keys, stride, d, scale, &os),
             (true, 4) => scores_micro16::<E, 4, 2>(&qs, keys, stride, d, scale, &os),
             (true, 5) => scores_micro16::<E, 5, 2>(&qs, keys, stride, d, scale, &os),
-            (true, _) => scores_micro16::<E, 6, 2>(&qs, keys, stride, d, scale, &os),
+            (true, 6) => scores_micro16::<E, 6, 2>(&qs, keys, stride, d, scale, &os),
+            (true, 7) => scores_micro16::<E, 7, 3>(&qs, keys, stride, d, scale, &os),
+            (true, 8) => scores_micro16::<E, 8, 3>(&qs, keys, stride, d, scale, &os),
+            (true, 9) => scores_micro16::<E, 9, 2>(&qs, keys, stride, d, scale, &os),
+            (true, 10) => scores_micro16::<E, 10, 2>(&qs, keys, stride, d, scale, &os),
+            (true, 11) => scores_micro16::<E, 11, 2>(&qs, keys, stride, d, scale, &os),
+            (true, _) => scores_micro16::<E, 12, 2>(&qs, keys, stride, d, scale, &os),
         }
-        i0 += 6;
     }
+}
+
+/// The most queries one register tile serves.
+const GROUP_MAX: usize = 12;
+
+/// `n` queries as passes `(first, count)` of nearly equal size, at most 12 a pass with
+/// `wide` (AVX-512's 32 registers) and 6 without: 16 queries are two passes of 8, not 12 and 4.
+fn passes(n: usize, wide: bool) -> impl Iterator<Item = (usize, usize)> {
+    let max = if wide { GROUP_MAX } else { 6 };
+    let count = n.div_ceil(max);
+    let size = n.div_ceil(count.max(1));
+    (0..n)
+        .step_by(size.max(1))
+        .map(move |i0| (i0, size.min(n - i0)))
 }
 
 /// `scores_t` for `NQ` queries, `KW` vectors of keys at a time.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scores_micro<E: Load8, const NQ: usize, const KW: usize>(
-    q: &[*const f32; 6],
+    q: &[*const f32; GROUP_MAX],
     keys: &[(*const E, usize)],
     stride: usize,
     d: usize,
     scale: f32,
-    out: &[*mut f32; 6],
+    out: &[*mut f32; GROUP_MAX],
 ) {
     let sv = _mm256_set1_ps(scale);
     for w0 in (0..keys.len()).step_by(KW) {
@@ -269,12 +288,12 @@ unsafe fn scores_micro<E: Load8, const NQ: usize, const KW: usize>(
 /// order, so the same bits.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 unsafe fn scores_micro16<E: Load8, const NQ: usize, const KW: usize>(
-    q: &[*const f32; 6],
+    q: &[*const f32; GROUP_MAX],
     keys: &[(*const E, usize)],
     stride: usize,
     d: usize,
     scale: f32,
-    out: &[*mut f32; 6],
+    out: &[*mut f32; GROUP_MAX],
 ) {
     let sv = _mm512_set1_ps(scale);
     for w0 in (0..keys.len()).step_by(KW) {
@@ -331,22 +350,26 @@ pub unsafe fn weighted_sums<E: Load8>(
     let last = rows[..used].iter().fold(0, |m, &r| m.max(r));
     assert!(used == 0 || last + d <= v.len());
     let v = (v.as_ptr(), rows.as_ptr());
-    let mut i0 = 0;
-    while i0 < nq {
-        let last = |i: usize| (i0 + i).min(nq - 1);
-        let os: [*mut f32; 6] = std::array::from_fn(|i| out[last(i)]);
-        let ws: [*const f32; 6] = std::array::from_fn(|i| w[last(i)]);
-        let ns: [usize; 6] = std::array::from_fn(|i| n[last(i)]);
-        let take = (nq - i0).min(6);
+    for (i0, take) in passes(nq, wide) {
+        let last = |i: usize| i0 + i.min(take - 1);
+        let os: [*mut f32; GROUP_MAX] = std::array::from_fn(|i| out[last(i)]);
+        let ws: [*const f32; GROUP_MAX] = std::array::from_fn(|i| w[last(i)]);
+        let ns: [usize; GROUP_MAX] = std::array::from_fn(|i| n[last(i)]);
         match take {
             1 => weighted_sums_group::<E, 1>(&os, &ws, &ns, v, d, wide),
             2 => weighted_sums_group::<E, 2>(&os, &ws, &ns, v, d, wide),
             3 => weighted_sums_group::<E, 3>(&os, &ws, &ns, v, d, wide),
             4 => weighted_sums_group::<E, 4>(&os, &ws, &ns, v, d, wide),
             5 => weighted_sums_group::<E, 5>(&os, &ws, &ns, v, d, wide),
-            _ => weighted_sums_group::<E, 6>(&os, &ws, &ns, v, d, wide),
+            6 => weighted_sums_group::<E, 6>(&os, &ws, &ns, v, d, wide),
+            // Only with `wide` (`passes`).
+            7 => weighted_sums_group::<E, 7>(&os, &ws, &ns, v, d, wide),
+            8 => weighted_sums_group::<E, 8>(&os, &ws, &ns, v, d, wide),
+            9 => weighted_sums_group::<E, 9>(&os, &ws, &ns, v, d, wide),
+            10 => weighted_sums_group::<E, 10>(&os, &ws, &ns, v, d, wide),
+            11 => weighted_sums_group::<E, 11>(&os, &ws, &ns, v, d, wide),
+            _ => weighted_sums_group::<E, 12>(&os, &ws, &ns, v, d, wide),
         }
-        i0 += take;
     }
 }
 
@@ -375,9 +398,9 @@ macro_rules! each_key {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn weighted_sums_group<E: Load8, const NQ: usize>(
-    out: &[*mut f32; 6],
-    w: &[*const f32; 6],
-    n: &[usize; 6],
+    out: &[*mut f32; GROUP_MAX],
+    w: &[*const f32; GROUP_MAX],
+    n: &[usize; GROUP_MAX],
     v: (*const E, *const usize),
     d: usize,
     avx512: bool,
@@ -387,6 +410,8 @@ unsafe fn weighted_sums_group<E: Load8, const NQ: usize>(
         // 16-wide slices; every output element gets the same FMAs in the same order. With
         // 32 registers, 3 queries (a decode step's group in SmolLM2) take 12 sums: a
         // head of 64 in one pass over the keys, 3 % less time a step than two passes of 6.
+        // A prefill pass of 7-12 queries takes up to 24: each value vector widened once
+        // serves twice the FMAs it did in passes of 6.
         let c = if NQ <= 3 { 4 } else { 2 };
         while s + 16 * c <= d {
             if c == 4 {
@@ -437,9 +462,9 @@ unsafe fn weighted_sums_group<E: Load8, const NQ: usize>(
 /// `weighted_sums_slice` for elements `s..s + 16 * C` (AVX-512).
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 unsafe fn weighted_sums_slice16<E: Load8, const NQ: usize, const C: usize>(
-    out: &[*mut f32; 6],
-    w: &[*const f32; 6],
-    n: &[usize; 6],
+    out: &[*mut f32; GROUP_MAX],
+    w: &[*const f32; GROUP_MAX],
+    n: &[usize; GROUP_MAX],
     (v, rows): (*const E, *const usize),
     s: usize,
 ) {
@@ -463,7 +488,15 @@ unsafe fn weighted_sums_slice16<E: Load8, const NQ: usize, const C: usize>(
             }
         }
     };
-    each_key!(common, key, acc);
+    if NQ > 6 {
+        // 24 sums leave too few registers for two keys' values in flight.
+        let ahead = common.saturating_sub(VALUE_PREFETCH);
+        for j in 0..common {
+            key(&mut acc, j, j < ahead);
+        }
+    } else {
+        each_key!(common, key, acc);
+    }
     for i in 0..NQ {
         for j in common..n[i] {
             let wv = _mm512_set1_ps(*w[i].add(j));
@@ -485,9 +518,9 @@ unsafe fn weighted_sums_slice16<E: Load8, const NQ: usize, const C: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn weighted_sums_slice<E: Load8, const NQ: usize, const C: usize>(
-    out: &[*mut f32; 6],
-    w: &[*const f32; 6],
-    n: &[usize; 6],
+    out: &[*mut f32; GROUP_MAX],
+    w: &[*const f32; GROUP_MAX],
+    n: &[usize; GROUP_MAX],
     (v, rows): (*const E, *const usize),
     s: usize,
 ) {
