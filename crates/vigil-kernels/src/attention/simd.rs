@@ -231,12 +231,15 @@ pub unsafe fn scores_t<E: Load8>(
 /// The most queries one register tile serves.
 const GROUP_MAX: usize = 12;
 
-/// `n` queries as passes `(first, count)` of nearly equal size, at most 12 a pass with
-/// `wide` (AVX-512's 32 registers) and 6 without: 16 queries are two passes of 8, not 12 and 4.
+/// `n` queries as passes `(first, count)`: with `wide` (AVX-512's 32 registers) at most 12 a
+/// pass, of nearly equal size (16 queries are two passes of 8, not 12 and 4); without, 6 a
+/// pass and the rest (the AVX2 tiles as tuned on Zen 3).
 fn passes(n: usize, wide: bool) -> impl Iterator<Item = (usize, usize)> {
-    let max = if wide { GROUP_MAX } else { 6 };
-    let count = n.div_ceil(max);
-    let size = n.div_ceil(count.max(1));
+    let size = if wide {
+        n.div_ceil(n.div_ceil(GROUP_MAX).max(1))
+    } else {
+        6
+    };
     (0..n)
         .step_by(size.max(1))
         .map(move |i0| (i0, size.min(n - i0)))
