@@ -43,16 +43,21 @@ fn qwen3_shape() -> AttnShape {
     }
 }
 
+/// Qwen3-0.6B's shape with `QWEN3=1`, else SmolLM2's.
+fn shape_from_env() -> AttnShape {
+    if std::env::var("QWEN3").is_ok_and(|v| v == "1") {
+        qwen3_shape()
+    } else {
+        smollm2_shape()
+    }
+}
+
 fn main() {
     let (len, threads, reps) = (arg(1, 512), arg(2, 2), arg(3, 3));
     if std::env::args().nth(4).as_deref() == Some("decode") {
         return decode(len, threads, reps);
     }
-    let shape = if std::env::var("QWEN3").is_ok_and(|v| v == "1") {
-        qwen3_shape()
-    } else {
-        smollm2_shape()
-    };
+    let shape = shape_from_env();
     let (q_dim, kv_dim) = (
         shape.num_heads * shape.head_dim,
         shape.num_kv_heads * shape.head_dim,
@@ -99,11 +104,7 @@ fn main() {
 
 /// One decode row per layer over `len` held tokens, 30 (or `LAYERS`) layers of KV in turn.
 fn decode(len: usize, threads: usize, reps: usize) {
-    let shape = if std::env::var("QWEN3").is_ok_and(|v| v == "1") {
-        qwen3_shape()
-    } else {
-        smollm2_shape()
-    };
+    let shape = shape_from_env();
     let (q_dim, kv_dim) = (
         shape.num_heads * shape.head_dim,
         shape.num_kv_heads * shape.head_dim,
