@@ -408,6 +408,8 @@ unsafe fn weighted_sums_group<E: Load8, const NQ: usize>(
     d: usize,
     avx512: bool,
 ) {
+    // `passes` gives more than 6 queries only to the 16-lane slices.
+    debug_assert!(avx512 || NQ <= 6);
     let mut s = 0;
     if avx512 {
         // 16-wide slices; every output element gets the same FMAs in the same order. With

@@ -107,6 +107,47 @@ fmt32!(
     amx_gemm
 );
 
+/// The scalar path of a block-quantized matmul: `out[i * rows + j] = dot(row j, activation row
+/// i)` for `j in r0..r1` and every activation row of `acts` (`nb` blocks each), row `j`'s blocks
+/// at `(j - first) * nb` of `w`.
+#[allow(clippy::too_many_arguments)]
+fn scalar_rows<W, A>(
+    dot: impl Fn(&[W], &[A]) -> f32,
+    w: &[W],
+    first: usize,
+    acts: &[A],
+    nb: usize,
+    rows: usize,
+    (r0, r1): (usize, usize),
+    out: SyncPtr<f32>,
+) {
+    for (i, a) in acts.chunks_exact(nb).enumerate() {
+        for j in r0..r1 {
+            let v = dot(&w[(j - first) * nb..(j - first + 1) * nb], a);
+            // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
+            unsafe { *out.0.add(i * rows + j) = v };
+        }
+    }
+}
+
+/// `scalar_rows` over a matrix interleaved at load (`w`: its groups of 8 rows, `r0` a multiple
+/// of 8): each group taken back to rows (`interleave::group_rows`).
+fn scalar_groups<B: Interleave, A>(
+    dot: impl Fn(&[B], &[A]) -> f32,
+    w: &[B::X8],
+    acts: &[A],
+    nb: usize,
+    rows: usize,
+    (r0, r1): (usize, usize),
+    out: SyncPtr<f32>,
+) {
+    for j0 in (r0..r1).step_by(8) {
+        let group = interleave::group_rows::<B>(w, nb, j0 / 8);
+        let span = (j0, (j0 + 8).min(r1));
+        scalar_rows(&dot, &group, j0, acts, nb, rows, span, out);
+    }
+}
+
 pub(super) fn rows_32<F: Fmt32Path>(
     path: Path,
     w: &[F::W],
@@ -118,16 +159,16 @@ pub(super) fn rows_32<F: Fmt32Path>(
 ) {
     let nb = acts.nb;
     match path {
-        Path::Scalar => {
-            for i in 0..acts.m {
-                let a = &acts.blocks[i * nb..(i + 1) * nb];
-                for j in r0..r1 {
-                    let v = F::scalar_dot(&w[j * nb..(j + 1) * nb], a);
-                    // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
-                    unsafe { *out.0.add(i * rows + j) = v };
-                }
-            }
-        }
+        Path::Scalar => scalar_rows(
+            F::scalar_dot,
+            w,
+            0,
+            &acts.blocks[..acts.m * nb],
+            nb,
+            rows,
+            (r0, r1),
+            out,
+        ),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a SIMD path is chosen only when the CPU has its features; shapes were
         // checked in `matmul_on`; this thread owns columns r0..r1.
@@ -213,20 +254,15 @@ pub(super) fn rows_x8<F: Fmt32x8>(
 ) {
     let nb = acts.nb;
     match path {
-        Path::Scalar => {
-            for j0 in (r0..r1).step_by(8) {
-                let group = interleave::group_rows::<F::W>(w, nb, j0 / 8);
-                for i in 0..acts.m {
-                    let a = &acts.blocks[i * nb..(i + 1) * nb];
-                    for j in j0..(j0 + 8).min(r1) {
-                        let k = j - j0;
-                        let v = F::scalar_dot(&group[k * nb..(k + 1) * nb], a);
-                        // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
-                        unsafe { *out.0.add(i * rows + j) = v };
-                    }
-                }
-            }
-        }
+        Path::Scalar => scalar_groups::<F::W, _>(
+            F::scalar_dot,
+            w,
+            &acts.blocks[..acts.m * nb],
+            nb,
+            rows,
+            (r0, r1),
+            out,
+        ),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `rows_32`; `split_rows` gives 8-aligned ranges.
         isa => unsafe { F::simd_rows_x8(isa, w, rows, acts, r0, r1, out.0) },
@@ -364,16 +400,7 @@ pub(super) fn rows_k<F: FmtKPath>(
 ) {
     let nb = acts.len() / m;
     match path {
-        Path::Scalar => {
-            for i in 0..m {
-                let a = &acts[i * nb..(i + 1) * nb];
-                for j in r0..r1 {
-                    let v = F::scalar_dot(&w[j * nb..(j + 1) * nb], a);
-                    // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
-                    unsafe { *out.0.add(i * rows + j) = v };
-                }
-            }
-        }
+        Path::Scalar => scalar_rows(F::scalar_dot, w, 0, acts, nb, rows, (r0, r1), out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `rows_32`.
         isa => unsafe { F::simd_rows(isa, w, rows, acts, m, r0, r1, out.0) },
@@ -402,20 +429,7 @@ macro_rules! rows_kx8 {
         ) {
             let nb = acts.len() / m;
             match path {
-                Path::Scalar => {
-                    for j0 in (r0..r1).step_by(8) {
-                        let group = interleave::group_rows::<$row>(w, nb, j0 / 8);
-                        for i in 0..m {
-                            let a = &acts[i * nb..(i + 1) * nb];
-                            for j in j0..(j0 + 8).min(r1) {
-                                let k = j - j0;
-                                let v = $dot(&group[k * nb..(k + 1) * nb], a);
-                                // SAFETY: this thread owns columns r0..r1; the index is < m * rows.
-                                unsafe { *out.0.add(i * rows + j) = v };
-                            }
-                        }
-                    }
-                }
+                Path::Scalar => scalar_groups::<$row, _>($dot, w, acts, nb, rows, (r0, r1), out),
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as in `rows_32`; `split_rows` gives aligned ranges.
                 isa => unsafe {
