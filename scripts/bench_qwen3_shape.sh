@@ -74,8 +74,10 @@ uptime >> "$O/load.txt"
 
 # Decode floor. Bytes per token: every tensor of the GGUF (all layer weights, norms, and
 # token_embd counted once, as the tied output head; the embedding row lookup is negligible).
-# Vigil reads the same bytes: BF16 matrices stay BF16, and --quantize q8_0 quantizes every
-# linear weight and the tied output head to Q8_0, as llama.cpp's Q8_0 file holds them.
+# --quantize q8_0 quantizes every linear weight and the tied output head to Q8_0, as
+# llama.cpp's Q8_0 file holds them, so Vigil reads the same bytes; BF16 matrices it packs
+# losslessly into 12 bits a value at load (quant::packed_bf16), a quarter fewer bytes than
+# this floor counts (the last column, a read of its own bytes, counts what it reads).
 # KV reads (F16 in both engines; a few MB at tg128's context) are left out. Bandwidth: the
 # mean of the readings just before and after the format's Vigil run, where taken (this host's
 # DRAM rate moves by a third within minutes), else the round's first reading.

@@ -3,7 +3,7 @@
 //!
 //! `format` picks the weights and the model whose shapes they take: `q4_1` (the default) and
 //! `q4_0` time SmolLM2-135M's q, k, v, o, gate, up and down (`q4_1x8`, `q4_0x8`: interleaved
-//! as the loader stores them); `q8_0` (`q8_0x8`), `bf16`, `f16` and `f32`
+//! as the loader stores them); `q8_0` (`q8_0x8`), `bf16` (`bf16x8`; `bf16p` packed), `f16` and `f32`
 //! time Qwen3-0.6B's distinct projection shapes; `q8_0_output` SmolLM2's Q8_0 output
 //! projection (`q8_0_outputx8` interleaved); `q4_k`, `q5_k` (`q4_kx8`, `q5_kx8` interleaved) and
 //! `q6_k` Gemma 3 270M's k-quant ones
@@ -128,7 +128,10 @@ fn main() {
     // `q4_0x8`, `q4_1x8`, `q8_0x8`, `q8_0_outputx8`: interleaved as the loader stores them
     // (`quant::interleave`).
     let interleave = format.ends_with("x8");
-    let (dtype, shapes): (DType, &[(usize, usize)]) = match format.trim_end_matches("x8") {
+    // `bf16p`: BF16 packed into 12 bits a value, as the loader stores it (`quant::packed_bf16`).
+    let pack = format == "bf16p";
+    let (dtype, shapes): (DType, &[(usize, usize)]) = match format.trim_end_matches(['x', '8', 'p'])
+    {
         "q4_1" => (DType::Q4_1, &SMOLLM2),
         "q4_0" => (DType::Q4_0, &SMOLLM2),
         "q8_0" => (DType::Q8_0, &QWEN3_0_6B),
@@ -141,7 +144,7 @@ fn main() {
         "q6_k" => (DType::Q6K, &GEMMA3_270M_K),
         other => {
             eprintln!(
-                "format {other:?}: expected q4_1, q4_0, q8_0, q8_0_output (x8: interleaved), q4_k, q5_k, q6_k, bf16, f16 or f32"
+                "format {other:?}: expected q4_1, q4_0, q8_0, q8_0_output (x8: interleaved), q4_k, q5_k, q6_k, bf16 (bf16p: packed), f16 or f32"
             );
             std::process::exit(2);
         }
@@ -158,6 +161,9 @@ fn main() {
         let mut w = random_matrix(dtype, rows, cols, &mut seed);
         if interleave {
             w = vigil_kernels::quant::interleave::interleaved(&w).unwrap_or(w);
+        }
+        if pack {
+            w = vigil_kernels::quant::packed_bf16::packed(&w).expect("packable BF16 weights");
         }
         let mut best = f64::MAX;
         for _ in 0..reps {

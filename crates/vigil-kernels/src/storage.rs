@@ -118,6 +118,9 @@ pub enum Layout {
     /// the last group padded with zero rows. Made at load by `quant::interleave` for the
     /// kernels.
     Interleaved8,
+    /// BF16 only: `Interleaved8`'s groups with each value's high byte a 4-bit code into a
+    /// table, 12 bits a value, the same values (`quant::packed_bf16`). Made at load.
+    PackedBf16,
 }
 
 /// A weight matrix of `rows` outputs × `cols` inputs (PyTorch `[out, in]`, GGUF

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use vigil_kernels::cpu;
 use vigil_kernels::quant::interleave::{can_interleave, interleaved_bytes};
+use vigil_kernels::quant::packed_bf16;
 use vigil_kernels::storage::resident_copy;
 use vigil_kernels::{Layout, QMatrix, WeightData};
 
@@ -111,7 +112,8 @@ impl ModelWeights {
     /// stored interleaved 8 rows at a time instead (`quant::interleave`): the same bytes in the
     /// order the kernels multiply them. An untied embedding, which only has rows looked up, stays
     /// row-major; a tied one is the output projection too and is interleaved (a lookup takes
-    /// its row back out of the groups, `dequantize_row`).
+    /// its row back out of the groups, `dequantize_row`). BF16 matrices are packed into 12 bits
+    /// a value as well (`quant::packed_bf16`), unless `VIGIL_PACK_BF16=0`.
     pub fn make_resident(&mut self) -> std::io::Result<()> {
         let interleave = cpu::features().best() != cpu::Isa::Scalar;
         let key = |m: &QMatrix| {
@@ -122,21 +124,27 @@ impl ModelWeights {
         let tied = key(&self.output) == embd;
         let mut mats = self.matrices_mut();
         let interleaves = |m: &QMatrix| interleave && can_interleave(m) && (key(m) != embd || tied);
-        // Source (address, length) → offset in the copy; the bytes placed there: the source's,
-        // or its interleaved form.
-        let mut placed: HashMap<(usize, usize), usize> = HashMap::new();
+        // Source (address, length) → offset, length and layout in the copy; the bytes placed
+        // there: the source's, or their interleaved or packed form.
+        let mut placed: HashMap<(usize, usize), (usize, usize, Layout)> = HashMap::new();
         let mut spans: Vec<(usize, Cow<[u8]>)> = Vec::new();
         let mut len = 0;
         for m in &mats {
             if placed.contains_key(&key(m)) {
                 continue;
             }
-            let bytes = match interleaves(m).then(|| interleaved_bytes(m)).flatten() {
-                Some(x8) => Cow::Owned(x8),
-                None => Cow::Borrowed(m.data.bytes()),
+            let packed = (interleaves(m) && packed_bf16::enabled())
+                .then(|| packed_bf16::packed_bytes(m))
+                .flatten();
+            let (bytes, layout) = match packed {
+                Some(p) => (Cow::Owned(p), Layout::PackedBf16),
+                None => match interleaves(m).then(|| interleaved_bytes(m)).flatten() {
+                    Some(x8) => (Cow::Owned(x8), Layout::Interleaved8),
+                    None => (Cow::Borrowed(m.data.bytes()), m.layout),
+                },
             };
-            placed.insert(key(m), len);
             let n = bytes.len();
+            placed.insert(key(m), (len, n, layout));
             spans.push((len, bytes));
             len = (len + n).next_multiple_of(64);
         }
@@ -149,21 +157,13 @@ impl ModelWeights {
         drop(spans);
         for m in &mut mats {
             // Keyed by the bytes it viewed: the other view of a tied pair keeps them alive.
-            let offset = placed[&key(m)];
-            let x8 = interleaves(m);
-            let len = if x8 {
-                m.rows.div_ceil(8) * 8 * m.row_bytes()
-            } else {
-                m.data.bytes().len()
-            };
+            let (offset, len, layout) = placed[&key(m)];
             m.data = WeightData::Mapped {
                 map: map.clone(),
                 offset,
                 len,
             };
-            if x8 {
-                m.layout = Layout::Interleaved8;
-            }
+            m.layout = layout;
         }
         Ok(())
     }

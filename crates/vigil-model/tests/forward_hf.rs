@@ -174,10 +174,20 @@ fn gemma3_f32_matches_transformers() {
 }
 
 /// BF16 weights: the references were computed in f32 from the same bf16-rounded weights.
+/// Where the kernels are SIMD the loader packs them into 12 bits a value
+/// (`quant::packed_bf16`), so the check runs the packed decode tiles and GEMM.
 #[test]
 fn bf16_checkpoints_match_transformers() {
-    check("llama_bf16", LoadQuantization::AsStored, KvDtype::F32, 1e-3);
-    check("qwen3_bf16", LoadQuantization::AsStored, KvDtype::F32, 1e-3);
+    use vigil_kernels::{cpu, quant::packed_bf16, Layout};
+    for name in ["llama_bf16", "qwen3_bf16"] {
+        let model = load_tiny(name, LoadQuantization::AsStored);
+        let l0 = &model.weights.layers[0];
+        if cpu::features().best() != cpu::Isa::Scalar && packed_bf16::enabled() {
+            assert_eq!(l0.wq.layout, Layout::PackedBf16, "{name}");
+            assert_eq!(model.weights.output.layout, Layout::PackedBf16, "{name}");
+        }
+        check(name, LoadQuantization::AsStored, KvDtype::F32, 1e-3);
+    }
 }
 
 /// F16 KV and load-time Q8_0 are approximations: looser stated bounds. (The MoE checkpoint is

@@ -17,11 +17,12 @@ use crate::cpu::{self, Isa};
 use crate::pool::SyncPtr;
 use crate::pool::ThreadPool;
 use crate::quant::blocks::*;
+use crate::quant::packed_bf16::PackedBf16;
 use crate::{DType, Layout, QMatrix};
 use acts::{Quantizer, Scratch};
 use paths::{
-    rows_32, rows_float, rows_k, rows_q4k_x8, rows_q5k_x8, rows_x8, Q4KFmt, Q4_0Fmt, Q4_1Fmt,
-    Q5KFmt, Q6KFmt, Q8_0Fmt,
+    rows_32, rows_float, rows_k, rows_packed_bf16, rows_q4k_x8, rows_q5k_x8, rows_x8, Q4KFmt,
+    Q4_0Fmt, Q4_1Fmt, Q5KFmt, Q6KFmt, Q8_0Fmt,
 };
 use std::cell::RefCell;
 
@@ -211,6 +212,20 @@ fn check_shapes(w: &QMatrix, x: &[f32], m: usize, out: &[f32]) {
         out.len(),
         w.rows
     );
+    if w.layout == Layout::PackedBf16 {
+        let b = w.data.bytes();
+        assert!(
+            w.dtype == DType::BF16
+                && w.cols.is_multiple_of(crate::quant::packed_bf16::PAIR_COLS)
+                && b.len() >= 64
+                && b.len() >= crate::quant::packed_bf16::packed_len(b, w.rows, w.cols),
+            "matmul: {} × {} {} is not a packed BF16 matrix",
+            w.rows,
+            w.cols,
+            w.dtype
+        );
+        return;
+    }
     assert!(
         w.data.bytes().len() >= w.rows * w.row_bytes(),
         "matmul: weight data shorter than {} rows",
@@ -386,6 +401,7 @@ fn run(
                     let wb = groups_of::<BlockQ4_0x8>(p.w);
                     rows_x8::<Q4_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
                 }
+                Layout::PackedBf16 => unreachable!("only BF16 is packed (check_shapes)"),
             });
         }
         DType::Q4_1 => {
@@ -399,6 +415,7 @@ fn run(
                     let wb = groups_of::<BlockQ4_1x8>(p.w);
                     rows_x8::<Q4_1Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
                 }
+                Layout::PackedBf16 => unreachable!("only BF16 is packed (check_shapes)"),
             });
         }
         DType::Q8_0 => {
@@ -412,6 +429,7 @@ fn run(
                     let wb = groups_of::<BlockQ8_0x8>(p.w);
                     rows_x8::<Q8_0Fmt>(path, wb, p.w.rows, &acts, r0, r1, p.out)
                 }
+                Layout::PackedBf16 => unreachable!("only BF16 is packed (check_shapes)"),
             });
         }
         DType::Q4K | DType::Q5K => {
@@ -436,6 +454,7 @@ fn run(
                     (_, Layout::Interleaved8) => {
                         rows_q5k_x8(path, groups_of(w), rows, acts, m, r0, r1, out)
                     }
+                    (_, Layout::PackedBf16) => unreachable!("only BF16 is packed (check_shapes)"),
                 }
             });
         }
@@ -471,6 +490,10 @@ fn run(
             };
             split_rows_in(pool, parts, ROW_ALIGN, per_thread, |p, r0, r1| {
                 let (w, rows) = (p.w, p.w.rows);
+                if w.layout == Layout::PackedBf16 {
+                    let packed = PackedBf16::new(w.data.bytes(), rows, cols);
+                    return rows_packed_bf16(path, packed, rows, x, m, r0, r1, p.out);
+                }
                 let x8 = w.layout == Layout::Interleaved8;
                 let stored = if x8 { rows.div_ceil(8) * 8 } else { rows };
                 let wbytes = &w.data.bytes()[..stored * w.row_bytes()];

@@ -284,7 +284,7 @@ pub fn dequantize_row(m: &QMatrix, row: usize, out: &mut [f32]) {
     assert_eq!(out.len(), m.cols, "output length must equal the row length");
     let result = match m.layout {
         crate::Layout::Rows => dequantize(m.dtype, m.row(row), out),
-        crate::Layout::Interleaved8 => {
+        crate::Layout::Interleaved8 | crate::Layout::PackedBf16 => {
             dequantize(m.dtype, &super::interleave::row_bytes(m, row), out)
         }
     };

@@ -253,10 +253,13 @@ pub fn interleaved(m: &QMatrix) -> Option<QMatrix> {
     })
 }
 
-/// Row `r` of `m` as row-major bytes, in either layout.
+/// Row `r` of `m` as row-major bytes, in any layout.
 pub fn row_bytes(m: &QMatrix, r: usize) -> Vec<u8> {
     match m.layout {
         Layout::Rows => m.row(r).to_vec(),
+        Layout::PackedBf16 => {
+            super::packed_bf16::PackedBf16::new(m.data.bytes(), m.rows, m.cols).row(r)
+        }
         Layout::Interleaved8 => {
             let nb = m.cols / m.dtype.block_size();
             fn go<B: Interleave>(bytes: &[u8], nb: usize, r: usize) -> Vec<u8> {

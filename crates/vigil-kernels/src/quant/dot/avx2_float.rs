@@ -3,10 +3,14 @@
 //! Per (activation row, weight row) pair: one 8-lane FMA accumulator over the chunks of 8 in
 //! order, the lanes summed by `hsum8`'s fixed tree, then the `cols % 8` tail added in order.
 //! Every tile shape runs exactly that sequence per pair, so results do not depend on batching.
+//! BF16 packed into 12 bits a value (`quant::packed_bf16`) gives the same bits: its decode tile
+//! unpacks each pair of steps in registers (`unpack_pair`), and several activation rows take
+//! each group unpacked once (`matmul_rows_packed`).
 
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
 
+use crate::quant::packed_bf16::{patch, Exception, PackedBf16, PAIR_BYTES, PAIR_COLS};
 use std::arch::x86_64::*;
 
 const ROW_CHUNK: usize = 64;
@@ -212,12 +216,196 @@ unsafe fn tile_bf16_x8(g: *const u8, x: *const f32, cols: usize) -> [f32; 8] {
             hi[p] = _mm256_fmadd_ps(whi, xhi, hi[p]);
         }
     }
+    finish(lo, hi)
+}
+
+/// The 8 rows' sums out of `tile_bf16_x8`'s accumulators.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn finish(lo: [__m256; 4], hi: [__m256; 4]) -> [f32; 8] {
     let mut r = [0f32; 8];
     for p in 0..4 {
         r[2 * p] = hsum8(_mm256_permute2f128_ps::<0x20>(lo[p], hi[p]));
         r[2 * p + 1] = hsum8(_mm256_permute2f128_ps::<0x31>(lo[p], hi[p]));
     }
     r
+}
+
+/// A packed pair's (`quant::packed_bf16`) two steps as `interleave` stores them: for step `t`,
+/// the four vectors `tile_bf16_x8` loads (rows 0-1, 2-3, 4-5, 6-7). The 64 code bytes become
+/// each step's high bytes by one table shuffle a 32 bytes; `punpcklbw` / `punpckhbw` of low and
+/// high bytes give the rows' words. `e`: the next of `exc` (the group's exceptions, in order)
+/// not yet applied; moved past the pair's.
+///
+/// # Safety
+/// AVX2; `at` addresses the pair's `PAIR_BYTES` bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_pair(
+    at: *const u8,
+    table: __m256i,
+    q: usize,
+    exc: &[Exception],
+    e: &mut usize,
+) -> [[__m256i; 4]; 2] {
+    let nibble = _mm256_set1_epi8(15);
+    let codes = [
+        _mm256_loadu_si256(at.add(128).cast()),
+        _mm256_loadu_si256(at.add(160).cast()),
+    ];
+    let mut high = [[_mm256_setzero_si256(); 2]; 2];
+    for h in 0..2 {
+        high[0][h] = _mm256_shuffle_epi8(table, _mm256_and_si256(codes[h], nibble));
+        let up = _mm256_srli_epi16::<4>(codes[h]);
+        high[1][h] = _mm256_shuffle_epi8(table, _mm256_and_si256(up, nibble));
+    }
+    if *e < exc.len() && exc[*e].pair as usize == q {
+        let mut bytes = [0u8; 128];
+        for t in 0..2 {
+            for h in 0..2 {
+                _mm256_storeu_si256(bytes.as_mut_ptr().add(64 * t + 32 * h).cast(), high[t][h]);
+            }
+        }
+        *e = patch(&mut bytes, exc, *e, q);
+        for t in 0..2 {
+            for h in 0..2 {
+                high[t][h] = _mm256_loadu_si256(bytes.as_ptr().add(64 * t + 32 * h).cast());
+            }
+        }
+    }
+    let mut v = [[_mm256_setzero_si256(); 4]; 2];
+    for t in 0..2 {
+        let low = [
+            _mm256_loadu_si256(at.add(64 * t).cast()),
+            _mm256_loadu_si256(at.add(64 * t + 32).cast()),
+        ];
+        v[t] = [
+            _mm256_unpacklo_epi8(low[0], high[t][0]),
+            _mm256_unpacklo_epi8(low[1], high[t][1]),
+            _mm256_unpackhi_epi8(low[0], high[t][0]),
+            _mm256_unpackhi_epi8(low[1], high[t][1]),
+        ];
+    }
+    v
+}
+
+/// `tile_bf16_x8` on a group packed by `quant::packed_bf16` (`unpack_pair`), the same sums
+/// bit for bit, widening without shuffles: a dword of two BF16 words shifted left 16 is the
+/// even column's f32, and-ed with `0xffff0000` the odd one's. So `ev[p]` sums rows `2p`,
+/// `2p + 1` at columns 0, 2, 4, 6 and `od[p]` at 1, 3, 5, 7, against the activations in that
+/// order (`x` as `even_odd` lays it out); interleaving the two at the end gives
+/// `tile_bf16_x8`'s accumulators, every lane having added the same products in the same order.
+/// (Its 16 widening shuffles a pair were the tile's limit: they share one port.)
+///
+/// # Safety
+/// AVX2+FMA; `run` addresses the group's `pairs * PAIR_BYTES` bytes, `x` `16 * pairs` floats
+/// laid out by `even_odd`; `exc` are the group's exceptions, in order.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_packed_bf16_x8(
+    run: *const u8,
+    table: &[u8; 16],
+    x: *const f32,
+    pairs: usize,
+    exc: &[Exception],
+) -> [f32; 8] {
+    let odd = _mm256_set1_epi32(0xffff_0000_u32 as i32);
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr().cast()));
+    let mut ev = [_mm256_setzero_ps(); 4];
+    let mut od = [_mm256_setzero_ps(); 4];
+    let mut e = 0;
+    for q in 0..pairs {
+        let at = run.add(q * PAIR_BYTES);
+        for l in (0..PAIR_BYTES).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(X8_PREFETCH + l).cast());
+            _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(X8_PREFETCH_L2 + l).cast());
+        }
+        let v = unpack_pair(at, table, q, exc, &mut e);
+        for t in 0..2 {
+            let xs = x.add(8 * (2 * q + t));
+            let xe = _mm256_broadcast_ps(&*xs.cast::<__m128>());
+            let xo = _mm256_broadcast_ps(&*xs.add(4).cast::<__m128>());
+            for p in 0..4 {
+                let we = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v[t][p]));
+                let wo = _mm256_castsi256_ps(_mm256_and_si256(v[t][p], odd));
+                ev[p] = _mm256_fmadd_ps(we, xe, ev[p]);
+                od[p] = _mm256_fmadd_ps(wo, xo, od[p]);
+            }
+        }
+    }
+    let lo = std::array::from_fn(|p| _mm256_unpacklo_ps(ev[p], od[p]));
+    let hi = std::array::from_fn(|p| _mm256_unpackhi_ps(ev[p], od[p]));
+    finish(lo, hi)
+}
+
+/// `x`'s chunks of 8 with their even columns first, then their odd ones (0, 2, 4, 6, 1, 3, 5,
+/// 7): the order the packed decode tiles' accumulators take them in.
+pub(super) fn even_odd(x: &[f32]) -> Vec<f32> {
+    x.chunks_exact(8)
+        .flat_map(|c| [c[0], c[2], c[4], c[6], c[1], c[3], c[5], c[7]])
+        .collect()
+}
+
+/// Pairs `q0..q1` of group `g` of `w` as `interleave` stores those steps, into `out`
+/// (`(q1 - q0) * 256` bytes): `PackedBf16::unpack_pairs`, vectorized.
+///
+/// # Safety
+/// AVX2; `out` addresses `(q1 - q0) * 256` writable bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn unpack_pairs(w: &PackedBf16, g: usize, q0: usize, q1: usize, out: *mut u8) {
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(w.table.as_ptr().cast()));
+    let (run, exc) = (w.group(g).as_ptr(), w.group_exceptions(g));
+    let mut e = exc.partition_point(|x| (x.pair as usize) < q0);
+    for q in q0..q1 {
+        let v = unpack_pair(run.add(q * PAIR_BYTES), table, q, exc, &mut e);
+        for t in 0..2 {
+            for p in 0..4 {
+                let dst = out.add((q - q0) * 256 + 128 * t + 32 * p);
+                _mm256_storeu_si256(dst.cast(), v[t][p]);
+            }
+        }
+    }
+}
+
+/// `matmul_rows::<BF16, AVX512>` on a matrix packed by `quant::packed_bf16`, the same bits:
+/// one activation row takes the packed decode tile; several have each group unpacked once
+/// into a buffer and multiplied there as `interleave` stores it.
+///
+/// # Safety
+/// As `matmul_rows`, `r0` a multiple of 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_rows_packed<const AVX512: bool>(
+    w: &PackedBf16,
+    rows: usize,
+    x: &[f32],
+    m: usize,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+) {
+    let (cols, pairs) = (w.cols, w.cols / PAIR_COLS);
+    if m == 1 {
+        let x = even_odd(&x[..cols]);
+        for j0 in (r0..r1).step_by(8) {
+            let (run, exc) = (w.group(j0 / 8).as_ptr(), w.group_exceptions(j0 / 8));
+            let r = if AVX512 {
+                super::avx512_float::tile_packed_bf16_x8(run, &w.table, x.as_ptr(), pairs, exc)
+            } else {
+                tile_packed_bf16_x8(run, &w.table, x.as_ptr(), pairs, exc)
+            };
+            super::avx2::store(out, rows, &r, 1, 0, j0, r1);
+        }
+        return;
+    }
+    let mut group = vec![0u8; 16 * cols];
+    for j0 in (r0..r1).step_by(8) {
+        unpack_pairs(w, j0 / 8, 0, pairs, group.as_mut_ptr());
+        let g = FloatRows {
+            w: &group,
+            cols,
+            x8: true,
+        };
+        matmul_rows::<BF16, AVX512>(g, rows, x, m, 0, (r1 - j0).min(8), out.add(j0));
+    }
 }
 
 /// `out[i * rows + j]` for all `m` activation rows and weight rows `j in r0..r1`. `AVX512`: an

@@ -10,7 +10,11 @@
 //! decode streams its weights from DRAM, and fewer instructions a line let the core keep more
 //! lines in flight.
 
+// Index loops mirror the register layout.
+#![allow(clippy::needless_range_loop)]
+
 use super::avx2_float::{hsum8, X8_PREFETCH_L2};
+use crate::quant::packed_bf16::{patch, Exception, PAIR_BYTES};
 use std::arch::x86_64::*;
 
 /// How far ahead along the group's run the tile fetches. Measured on the Xeon
@@ -45,6 +49,12 @@ pub(super) unsafe fn tile_bf16_x8(g: *const u8, x: *const f32, cols: usize) -> [
             hi[p] = _mm512_fmadd_ps(whi, xhi, hi[p]);
         }
     }
+    finish(lo, hi)
+}
+
+/// The 8 rows' sums out of the accumulators, each row's 4 + 4 lanes as the AVX2 tile's 8.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+unsafe fn finish(lo: [__m512; 2], hi: [__m512; 2]) -> [f32; 8] {
     let mut r = [0f32; 8];
     for p in 0..2 {
         let (mut l, mut h) = ([0f32; 16], [0f32; 16]);
@@ -60,4 +70,75 @@ pub(super) unsafe fn tile_bf16_x8(g: *const u8, x: *const f32, cols: usize) -> [
         }
     }
     r
+}
+
+/// `tile_bf16_x8` on a group packed by `quant::packed_bf16`, the same sums bit for bit: each
+/// pair's 64 code bytes become the two steps' high bytes by one table shuffle each, and
+/// interleaving them with the low bytes (`punpcklbw` / `punpckhbw`) gives exactly the vectors
+/// `tile_bf16_x8` loads. A pair with exceptions has its high bytes patched first. The words are
+/// widened without shuffles, as in `avx2_float`'s packed tile: even columns shifted, odd ones
+/// masked, against the activations laid out by `avx2_float::even_odd`, the two sets of
+/// accumulators interleaved at the end into `tile_bf16_x8`'s.
+///
+/// # Safety
+/// AVX-512 F/BW; `run` addresses the group's `pairs * PAIR_BYTES` bytes, `x` `16 * pairs`
+/// floats laid out by `even_odd`; `exc` are the group's exceptions, in order.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+pub(super) unsafe fn tile_packed_bf16_x8(
+    run: *const u8,
+    table: &[u8; 16],
+    x: *const f32,
+    pairs: usize,
+    exc: &[Exception],
+) -> [f32; 8] {
+    let nibble = _mm512_set1_epi8(15);
+    let odd = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(table.as_ptr().cast()));
+    let mut ev = [_mm512_setzero_ps(); 2];
+    let mut od = [_mm512_setzero_ps(); 2];
+    let mut e = 0;
+    for q in 0..pairs {
+        let at = run.add(q * PAIR_BYTES);
+        for l in (0..PAIR_BYTES).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH + l).cast());
+            _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(X8_PREFETCH_L2 + l).cast());
+        }
+        let codes = _mm512_loadu_si512(at.add(128).cast());
+        let mut high = [
+            _mm512_shuffle_epi8(table, _mm512_and_si512(codes, nibble)),
+            _mm512_shuffle_epi8(
+                table,
+                _mm512_and_si512(_mm512_srli_epi16::<4>(codes), nibble),
+            ),
+        ];
+        if e < exc.len() && exc[e].pair as usize == q {
+            let mut bytes = [0u8; 128];
+            _mm512_storeu_si512(bytes.as_mut_ptr().cast(), high[0]);
+            _mm512_storeu_si512(bytes.as_mut_ptr().add(64).cast(), high[1]);
+            e = patch(&mut bytes, exc, e, q);
+            high = [
+                _mm512_loadu_si512(bytes.as_ptr().cast()),
+                _mm512_loadu_si512(bytes.as_ptr().add(64).cast()),
+            ];
+        }
+        for t in 0..2 {
+            let s = 2 * q + t;
+            let low = _mm512_loadu_si512(at.add(64 * t).cast());
+            let xe = _mm512_broadcast_f32x4(_mm_loadu_ps(x.add(8 * s)));
+            let xo = _mm512_broadcast_f32x4(_mm_loadu_ps(x.add(8 * s + 4)));
+            let v = [
+                _mm512_unpacklo_epi8(low, high[t]),
+                _mm512_unpackhi_epi8(low, high[t]),
+            ];
+            for p in 0..2 {
+                let we = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v[p]));
+                let wo = _mm512_castsi512_ps(_mm512_and_si512(v[p], odd));
+                ev[p] = _mm512_fmadd_ps(we, xe, ev[p]);
+                od[p] = _mm512_fmadd_ps(wo, xo, od[p]);
+            }
+        }
+    }
+    let lo = std::array::from_fn(|p| _mm512_unpacklo_ps(ev[p], od[p]));
+    let hi = std::array::from_fn(|p| _mm512_unpackhi_ps(ev[p], od[p]));
+    finish(lo, hi)
 }
