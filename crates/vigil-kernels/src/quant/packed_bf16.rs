@@ -130,11 +130,33 @@ impl<'a> PackedBf16<'a> {
         }
     }
 
-    /// Row `r`'s BF16 bytes, in column order.
+    /// Row `r`'s BF16 bytes, in column order (a tied embedding's lookup: only that row's
+    /// values are read).
     pub fn row(&self, r: usize) -> Vec<u8> {
-        let mut group = vec![0u8; self.cols * 16];
-        self.unpack_pairs(r / 8, 0, self.cols / PAIR_COLS, &mut group);
-        super::interleave::float_row(&group, r % 8, 2 * self.cols, 16)
+        let (run, exc) = (self.group(r / 8), self.group_exceptions(r / 8));
+        let k = r % 8;
+        // The row's 8 positions in a step (`position`'s inverse).
+        let at = 16 * (k % 4) + 8 * (k / 4);
+        let mut out = vec![0u8; 2 * self.cols];
+        for q in 0..self.cols / PAIR_COLS {
+            let pair = &run[q * PAIR_BYTES..(q + 1) * PAIR_BYTES];
+            for t in 0..2 {
+                for col in 0..8 {
+                    let code = (pair[128 + at + col] >> (4 * t)) & 15;
+                    let c = 16 * q + 8 * t + col;
+                    out[2 * c] = pair[64 * t + at + col];
+                    out[2 * c + 1] = self.table[code as usize];
+                }
+            }
+        }
+        for e in exc {
+            let (p, t) = (e.pos as usize % 64, e.pos as usize / 64);
+            if (p / 16, p % 16 / 8) == (k % 4, k / 4) {
+                let c = 16 * e.pair as usize + 8 * t + p % 8;
+                out[2 * c + 1] = e.byte;
+            }
+        }
+        out
     }
 }
 
