@@ -133,15 +133,19 @@ impl ModelWeights {
             if placed.contains_key(&key(m)) {
                 continue;
             }
-            let packed = (interleaves(m) && packed_bf16::enabled())
-                .then(|| packed_bf16::packed_bytes(m))
-                .flatten();
-            let (bytes, layout) = match packed {
-                Some(p) => (Cow::Owned(p), Layout::PackedBf16),
-                None => match interleaves(m).then(|| interleaved_bytes(m)).flatten() {
-                    Some(x8) => (Cow::Owned(x8), Layout::Interleaved8),
-                    None => (Cow::Borrowed(m.data.bytes()), m.layout),
-                },
+            // Packed where BF16 packs (`packed_bytes` says), else interleaved.
+            let kernels_form = || {
+                let packed = packed_bf16::enabled()
+                    .then(|| packed_bf16::packed_bytes(m))
+                    .flatten();
+                match packed {
+                    Some(p) => Some((p, Layout::PackedBf16)),
+                    None => interleaved_bytes(m).map(|x8| (x8, Layout::Interleaved8)),
+                }
+            };
+            let (bytes, layout) = match interleaves(m).then(kernels_form).flatten() {
+                Some((b, layout)) => (Cow::Owned(b), layout),
+                None => (Cow::Borrowed(m.data.bytes()), m.layout),
             };
             let n = bytes.len();
             placed.insert(key(m), (len, n, layout));

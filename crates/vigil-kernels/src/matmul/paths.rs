@@ -14,7 +14,6 @@ use crate::pool::SyncPtr;
 use crate::quant::blocks::*;
 use crate::quant::dot::{scalar, Acts32};
 use crate::quant::interleave::{self, Interleave};
-use crate::quant::packed_bf16::PAIR_COLS;
 use crate::DType;
 
 /// Ties a 32-value weight format to its scalar dot and its SIMD kernels.
@@ -584,11 +583,15 @@ pub(super) fn rows_float(
 const UNPACKED_SLAB_BYTES: usize = 2 << 20;
 
 thread_local! {
-    /// The unpacked slab, kept from call to call (a fresh one each call paid for its pages).
+    /// The unpacked rows, kept from call to call (a fresh buffer each call paid for its pages).
     static UNPACKED: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// `rows_float` for BF16 packed by `quant::packed_bf16`: the same values, the same bits.
+/// `rows_float` for BF16 packed by `quant::packed_bf16`: the same values, the same bits. One
+/// activation row takes the packed decode tile; more run `rows_float` on rows unpacked into a
+/// buffer: a group at a time for a few rows (decode, from L1), a slab the size of L2 for the
+/// GEMM, which is bound by its FMAs (unpacking inside it, again for each chunk of activation
+/// rows, cost it 4-7 %).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn rows_packed_bf16(
     path: Path,
@@ -615,48 +618,44 @@ pub(super) fn rows_packed_bf16(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `rows_float`; `r0` is a multiple of 8 (`ROW_ALIGN`).
         _ => unsafe {
-            use crate::quant::dot::avx2_float::{
-                matmul_rows_packed, unpack_pairs, FloatRows, BF16,
+            use crate::quant::dot::avx2_float::{gemv_packed, unpack_group};
+            if m == 1 {
+                return match path {
+                    Isa::Avx512 => gemv_packed::<true>(&w, rows, x, r0, r1, out.0),
+                    _ => gemv_packed::<false>(&w, rows, x, r0, r1, out.0),
+                };
+            }
+            let group = 16 * cols;
+            let slab = if m >= FLOAT_GEMM_MIN_ROWS {
+                (UNPACKED_SLAB_BYTES / group).max(1) * 8
+            } else {
+                8
             };
-            if m >= FLOAT_GEMM_MIN_ROWS {
-                use crate::quant::dot::avx2_float_gemm::{matmul_rows as gemm, Avx2};
-                use crate::quant::dot::avx512_float_gemm::Avx512;
-                // The GEMM is bound by its FMAs: unpacking its weights inside it, once for
-                // each chunk of activation rows, cost 4-7 % of it. Unpacked once here, slabs
-                // of rows at a time into a buffer the size of L2, it runs as on interleaved
-                // weights (the last slab's rows past r1 never reach `out`).
-                let group = 16 * cols;
-                let slab = (UNPACKED_SLAB_BYTES / group).max(1) * 8;
-                let mut buf = UNPACKED.take();
-                buf.resize(
-                    buf.len()
-                        .max(group * slab.min((r1 - r0).next_multiple_of(8)) / 8),
-                    0,
-                );
-                for s0 in (r0..r1).step_by(slab) {
-                    let s1 = (s0 + slab).min(r1);
-                    for g in s0 / 8..s1.div_ceil(8) {
-                        let at = buf.as_mut_ptr().add((g - s0 / 8) * group);
-                        unpack_pairs(&w, g, 0, cols / PAIR_COLS, at);
-                    }
-                    let f = FloatRows {
-                        w: &buf,
-                        cols,
-                        x8: true,
-                    };
-                    let (n, o) = (s1 - s0, out.0.add(s0));
-                    match path {
-                        Isa::Avx512 => gemm::<Avx512, BF16>(f, rows, x, m, 0, n, o),
-                        _ => gemm::<Avx2, BF16>(f, rows, x, m, 0, n, o),
-                    }
+            let mut buf = UNPACKED.take();
+            let need = group * slab.min((r1 - r0).next_multiple_of(8)) / 8;
+            buf.resize(buf.len().max(need), 0);
+            for s0 in (r0..r1).step_by(slab) {
+                let s1 = (s0 + slab).min(r1);
+                for g in s0 / 8..s1.div_ceil(8) {
+                    unpack_group(&w, g, buf.as_mut_ptr().add((g - s0 / 8) * group));
                 }
-                UNPACKED.set(buf);
-                return;
+                // The slab's rows past r1 never reach `out`.
+                let o = SyncPtr(out.0.add(s0));
+                rows_float(
+                    path,
+                    DType::BF16,
+                    &buf,
+                    true,
+                    rows,
+                    cols,
+                    x,
+                    m,
+                    0,
+                    s1 - s0,
+                    o,
+                );
             }
-            match path {
-                Isa::Avx512 => matmul_rows_packed::<true>(&w, rows, x, m, r0, r1, out.0),
-                _ => matmul_rows_packed::<false>(&w, rows, x, m, r0, r1, out.0),
-            }
+            UNPACKED.set(buf);
         },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("no SIMD kernels on this architecture"),

@@ -103,33 +103,6 @@ impl<'a> PackedBf16<'a> {
         &self.exceptions[self.index[g] as usize..self.index[g + 1] as usize]
     }
 
-    /// Pairs `q0..q1` of group `g` as `interleave` stores those steps (`(q1 - q0) * 256` bytes
-    /// into `out`).
-    pub fn unpack_pairs(&self, g: usize, q0: usize, q1: usize, out: &mut [u8]) {
-        let run = self.group(g);
-        let exc = self.group_exceptions(g);
-        let mut e = exc.partition_point(|x| (x.pair as usize) < q0);
-        for q in q0..q1 {
-            let pair = &run[q * PAIR_BYTES..(q + 1) * PAIR_BYTES];
-            let dst = &mut out[(q - q0) * 256..(q - q0 + 1) * 256];
-            for t in 0..2 {
-                for p in 0..64 {
-                    let code = (pair[128 + p] >> (4 * t)) & 15;
-                    let (row, col) = position(p);
-                    let at = 128 * t + 16 * row + 2 * col;
-                    dst[at] = pair[64 * t + p];
-                    dst[at + 1] = self.table[code as usize];
-                }
-            }
-            while e < exc.len() && exc[e].pair as usize == q {
-                let pos = exc[e].pos as usize;
-                let (row, col) = position(pos % 64);
-                dst[128 * (pos / 64) + 16 * row + 2 * col + 1] = exc[e].byte;
-                e += 1;
-            }
-        }
-    }
-
     /// Row `r`'s BF16 bytes, in column order (a tied embedding's lookup: only that row's
     /// values are read).
     pub fn row(&self, r: usize) -> Vec<u8> {

@@ -4,8 +4,8 @@
 //! order, the lanes summed by `hsum8`'s fixed tree, then the `cols % 8` tail added in order.
 //! Every tile shape runs exactly that sequence per pair, so results do not depend on batching.
 //! BF16 packed into 12 bits a value (`quant::packed_bf16`) gives the same bits: its decode tile
-//! unpacks each pair of steps in registers (`unpack_pair`), and several activation rows take
-//! each group unpacked once (`matmul_rows_packed`).
+//! unpacks each pair of steps in registers (`unpack_pair`, `gemv_packed`); several activation
+//! rows run these tiles on groups unpacked into a buffer (`unpack_group`).
 
 // Index loops mirror the block layouts and the tile shapes.
 #![allow(clippy::needless_range_loop)]
@@ -344,67 +344,50 @@ pub(super) fn even_odd(x: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// Pairs `q0..q1` of group `g` of `w` as `interleave` stores those steps, into `out`
-/// (`(q1 - q0) * 256` bytes): `PackedBf16::unpack_pairs`, vectorized.
+/// Group `g` of `w` as `interleave` stores it, into `out` (`16 * w.cols` bytes).
 ///
 /// # Safety
-/// AVX2; `out` addresses `(q1 - q0) * 256` writable bytes.
+/// AVX2; `out` addresses `16 * w.cols` writable bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn unpack_pairs(w: &PackedBf16, g: usize, q0: usize, q1: usize, out: *mut u8) {
+pub unsafe fn unpack_group(w: &PackedBf16, g: usize, out: *mut u8) {
     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(w.table.as_ptr().cast()));
     let (run, exc) = (w.group(g).as_ptr(), w.group_exceptions(g));
-    let mut e = exc.partition_point(|x| (x.pair as usize) < q0);
-    for q in q0..q1 {
+    let mut e = 0;
+    for q in 0..w.cols / PAIR_COLS {
         let v = unpack_pair(run.add(q * PAIR_BYTES), table, q, exc, &mut e);
         for t in 0..2 {
             for p in 0..4 {
-                let dst = out.add((q - q0) * 256 + 128 * t + 32 * p);
+                let dst = out.add(q * 256 + 128 * t + 32 * p);
                 _mm256_storeu_si256(dst.cast(), v[t][p]);
             }
         }
     }
 }
 
-/// `matmul_rows::<BF16, AVX512>` on a matrix packed by `quant::packed_bf16`, the same bits:
-/// one activation row takes the packed decode tile; several have each group unpacked once
-/// into a buffer and multiplied there as `interleave` stores it.
+/// `matmul_rows::<BF16, AVX512>` for one activation row on a matrix packed by
+/// `quant::packed_bf16`, on the packed decode tile: the same bits.
 ///
 /// # Safety
-/// As `matmul_rows`, `r0` a multiple of 8.
+/// As `matmul_rows` with `m = 1`, `r0` a multiple of 8.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn matmul_rows_packed<const AVX512: bool>(
+pub unsafe fn gemv_packed<const AVX512: bool>(
     w: &PackedBf16,
     rows: usize,
     x: &[f32],
-    m: usize,
     r0: usize,
     r1: usize,
     out: *mut f32,
 ) {
-    let (cols, pairs) = (w.cols, w.cols / PAIR_COLS);
-    if m == 1 {
-        let x = even_odd(&x[..cols]);
-        for j0 in (r0..r1).step_by(8) {
-            let (run, exc) = (w.group(j0 / 8).as_ptr(), w.group_exceptions(j0 / 8));
-            let r = if AVX512 {
-                super::avx512_float::tile_packed_bf16_x8(run, &w.table, x.as_ptr(), pairs, exc)
-            } else {
-                tile_packed_bf16_x8(run, &w.table, x.as_ptr(), pairs, exc)
-            };
-            super::avx2::store(out, rows, &r, 1, 0, j0, r1);
-        }
-        return;
-    }
-    let mut group = vec![0u8; 16 * cols];
+    let pairs = w.cols / PAIR_COLS;
+    let x = even_odd(&x[..w.cols]);
     for j0 in (r0..r1).step_by(8) {
-        unpack_pairs(w, j0 / 8, 0, pairs, group.as_mut_ptr());
-        let g = FloatRows {
-            w: &group,
-            cols,
-            x8: true,
+        let (run, exc) = (w.group(j0 / 8).as_ptr(), w.group_exceptions(j0 / 8));
+        let r = if AVX512 {
+            super::avx512_float::tile_packed_bf16_x8(run, &w.table, x.as_ptr(), pairs, exc)
+        } else {
+            tile_packed_bf16_x8(run, &w.table, x.as_ptr(), pairs, exc)
         };
-        matmul_rows::<BF16, AVX512>(g, rows, x, m, 0, (r1 - j0).min(8), out.add(j0));
+        super::avx2::store(out, rows, &r, 1, 0, j0, r1);
     }
 }
 
