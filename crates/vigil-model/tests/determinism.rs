@@ -148,3 +148,45 @@ fn qwen3_moe_logits_do_not_depend_on_batching_or_chunking() {
 fn q8_0_logits_do_not_depend_on_batching_or_chunking() {
     check_model("qwen3", LoadQuantization::Q8_0);
 }
+
+/// The weights made resident at load (packed or interleaved a matrix a pool task,
+/// `ModelWeights::make_resident`) are the same bytes in the same layouts whatever the number of
+/// load threads.
+#[test]
+fn resident_weights_do_not_depend_on_the_load_threads() {
+    use vigil_kernels::QMatrix;
+    use vigil_model::weights::FeedForward;
+    let same = |a: &QMatrix, b: &QMatrix, what: &str| {
+        assert_eq!(a.layout, b.layout, "{what}: layout");
+        assert!(a.data.bytes() == b.data.bytes(), "{what}: bytes differ");
+    };
+    for name in ["llama_bf16", "qwen3_bf16", "llama", "gemma3"] {
+        let (one, three) = (
+            load(name, LoadQuantization::AsStored, 1),
+            load(name, LoadQuantization::AsStored, 3),
+        );
+        let (a, b) = (&one.weights, &three.weights);
+        same(&a.token_embd, &b.token_embd, &format!("{name} embedding"));
+        same(&a.output, &b.output, &format!("{name} output"));
+        for (i, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
+            for (x, y, m) in [
+                (&la.wq, &lb.wq, "q"),
+                (&la.wk, &lb.wk, "k"),
+                (&la.wv, &lb.wv, "v"),
+                (&la.wo, &lb.wo, "o"),
+            ] {
+                same(x, y, &format!("{name} layer {i} {m}"));
+            }
+            let (FeedForward::Dense(fa), FeedForward::Dense(fb)) = (&la.ffn, &lb.ffn) else {
+                panic!("{name}: a dense model");
+            };
+            for (x, y, m) in [
+                (&fa.gate, &fb.gate, "gate"),
+                (&fa.up, &fb.up, "up"),
+                (&fa.down, &fb.down, "down"),
+            ] {
+                same(x, y, &format!("{name} layer {i} {m}"));
+            }
+        }
+    }
+}
