@@ -120,9 +120,9 @@ impl ModelWeights {
     /// its row back out of the groups, `dequantize_row`). BF16 matrices are packed into 12 bits
     /// a value as well (`quant::packed_bf16`), unless `VIGIL_PACK_BF16=0`.
     ///
-    /// The packed and interleaved forms are made on `pool`'s threads, a matrix a task: on one
-    /// thread, packing was most of a BF16 checkpoint's load (the Qwen3-0.6B shape's 1.2 GB:
-    /// 3.8-4.5 s from start to a first prefill on one, 2.4-2.9 s on two, `bench_core`).
+    /// The packed and interleaved forms are made on `pool`'s threads, a matrix a task: made on
+    /// one, packing alone was over a quarter of loading a BF16 checkpoint (docs/benchmarks.md,
+    /// "A checkpoint's kernel forms made on every load thread").
     pub fn make_resident(&mut self, pool: &ThreadPool) -> std::io::Result<()> {
         let interleave = cpu::features().best() != cpu::Isa::Scalar;
         let key = |m: &QMatrix| {
