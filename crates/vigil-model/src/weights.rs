@@ -3,17 +3,12 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use vigil_kernels::cpu;
-use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::quant::interleave::{can_interleave, interleaved_bytes};
 use vigil_kernels::quant::packed_bf16;
 use vigil_kernels::storage::resident_copy;
 use vigil_kernels::{Layout, QMatrix, WeightData};
-
-/// A matrix's bytes in the form the kernels read (packed or interleaved) and its layout, or
-/// `None` where it stays as stored.
-type KernelsForm = Option<(Vec<u8>, Layout)>;
 
 /// A gated MLP: `down(act(gate(x)) * up(x))` (SwiGLU or GeGLU, `ModelConfig::activation`).
 #[derive(Debug, Clone)]
@@ -119,11 +114,7 @@ impl ModelWeights {
     /// row-major; a tied one is the output projection too and is interleaved (a lookup takes
     /// its row back out of the groups, `dequantize_row`). BF16 matrices are packed into 12 bits
     /// a value as well (`quant::packed_bf16`), unless `VIGIL_PACK_BF16=0`.
-    ///
-    /// The packed and interleaved forms are made on `pool`'s threads, a matrix a task: made on
-    /// one, packing alone was over a quarter of loading a BF16 checkpoint (docs/benchmarks.md,
-    /// "A checkpoint's kernel forms made on every load thread").
-    pub fn make_resident(&mut self, pool: &ThreadPool) -> std::io::Result<()> {
+    pub fn make_resident(&mut self) -> std::io::Result<()> {
         let interleave = cpu::features().best() != cpu::Isa::Scalar;
         let key = |m: &QMatrix| {
             let b = m.data.bytes();
@@ -138,31 +129,21 @@ impl ModelWeights {
         let mut placed: HashMap<(usize, usize), (usize, usize, Layout)> = HashMap::new();
         let mut spans: Vec<(usize, Cow<[u8]>)> = Vec::new();
         let mut len = 0;
-        // Each distinct matrix once (a tied output projection is the embedding's bytes).
-        let mut seen = std::collections::HashSet::new();
-        let distinct: Vec<&QMatrix> = (mats.iter().map(|m| &**m))
-            .filter(|&m| seen.insert(key(m)))
-            .collect();
-        // Packed where BF16 packs (`packed_bytes` says), else interleaved; `None`: as stored.
-        let kernels_form = |m: &QMatrix| -> KernelsForm {
-            if !interleaves(m) {
-                return None;
+        for m in &mats {
+            if placed.contains_key(&key(m)) {
+                continue;
             }
-            let packed = packed_bf16::enabled()
-                .then(|| packed_bf16::packed_bytes(m))
-                .flatten();
-            match packed {
-                Some(p) => Some((p, Layout::PackedBf16)),
-                None => interleaved_bytes(m).map(|x8| (x8, Layout::Interleaved8)),
-            }
-        };
-        let forms: Vec<OnceLock<KernelsForm>> = distinct.iter().map(|_| OnceLock::new()).collect();
-        pool.run(distinct.len(), |i| {
-            // Each task sets only its own slot.
-            let _ = forms[i].set(kernels_form(distinct[i]));
-        });
-        for (m, form) in distinct.iter().zip(forms) {
-            let (bytes, layout) = match form.into_inner().flatten() {
+            // Packed where BF16 packs (`packed_bytes` says), else interleaved.
+            let kernels_form = || {
+                let packed = packed_bf16::enabled()
+                    .then(|| packed_bf16::packed_bytes(m))
+                    .flatten();
+                match packed {
+                    Some(p) => Some((p, Layout::PackedBf16)),
+                    None => interleaved_bytes(m).map(|x8| (x8, Layout::Interleaved8)),
+                }
+            };
+            let (bytes, layout) = match interleaves(m).then(kernels_form).flatten() {
                 Some((b, layout)) => (Cow::Owned(b), layout),
                 None => (Cow::Borrowed(m.data.bytes()), m.layout),
             };
