@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import layerscale
@@ -1101,8 +1103,17 @@ def test_flash_answers_each_version_before_the_next_batch_lands(qwen, qclient, j
     s = create(qclient, qwen, janitor)
     f = qclient.sessions.flash(s.id, "Summarise everything so far.", max_tokens=32)
     m0 = qwen.metrics_text()
-    for i in range(12):
+    # Pushed from 12 threads at once, so most arrive while the first batch is ingested and its
+    # flash evaluation runs: one push after another raced the tiny model's 32-token evaluation
+    # and, on a quiet host, sometimes lost every time (each push its own batch).
+    start = threading.Barrier(12)
+
+    def push(i: int) -> None:
+        start.wait(timeout=30)
         qclient.sessions.push(s.id, [f"batch {i} value {i * 7}"])
+
+    with ThreadPoolExecutor(12) as pool:
+        list(pool.map(push, range(12)))
     settled, data = settle_session(qwen, s.id)
     version = settled["data_version"]
     assert len(data["entries"]) == 12 and settled["total_pushed"] == 12
@@ -1120,8 +1131,6 @@ def test_flash_answers_each_version_before_the_next_batch_lands(qwen, qclient, j
 def test_turn_cancels_a_running_warm_and_keeps_its_work(client, smol, janitor):
     """A warm turn is background work: the session's next turn cancels it at a step boundary
     (`cancelled`), the KV it computed is kept, and the turn itself succeeds."""
-    import threading
-
     s = create(client, smol, janitor)
     # Long enough (about 3,400 tokens) that the warm still runs seconds after it is seen running
     # on the fastest CPU here; the nonce keeps any cached prefix of an earlier run out of it.
