@@ -19,14 +19,21 @@ pub fn keep_mapped() -> bool {
 /// after 2,048 tokens, 8-14 % faster from a copy). Where the kernel gives no huge pages the
 /// copy is still correct, only not faster.
 pub fn resident_copy(len: usize, parts: &[(usize, &[u8])]) -> std::io::Result<memmap2::Mmap> {
-    let mut anon = memmap2::MmapMut::map_anon(len.max(1))?;
-    // A hint, asked before the pages are touched; THP "always" does not need it.
-    #[cfg(target_os = "linux")]
-    let _ = anon.advise(memmap2::Advice::HugePage);
+    let mut anon = resident_map(len)?;
     for &(offset, bytes) in parts {
         anon[offset..offset + bytes.len()].copy_from_slice(bytes);
     }
     anon.make_read_only()
+}
+
+/// `len` bytes of zeroed anonymous memory asked for in transparent huge pages, to be written
+/// and then made read-only (`resident_copy`'s buffer, or one the caller fills in place).
+pub fn resident_map(len: usize) -> std::io::Result<memmap2::MmapMut> {
+    let anon = memmap2::MmapMut::map_anon(len.max(1))?;
+    // A hint, asked before the pages are touched; THP "always" does not need it.
+    #[cfg(target_os = "linux")]
+    let _ = anon.advise(memmap2::Advice::HugePage);
+    Ok(anon)
 }
 
 /// Bytes of a tensor, borrowed from a shared memory map or owned.

@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use vigil_kernels::quant::dequant::dequantize_row;
-use vigil_kernels::quant::interleave::{interleaved, row_bytes};
+use vigil_kernels::quant::interleave::{interleave_into, interleaved, interleaved_len, row_bytes};
 use vigil_kernels::storage::AlignedBytes;
 use vigil_kernels::{DType, Layout, QMatrix, WeightData};
 
@@ -65,6 +65,14 @@ fn every_row_reads_back_unchanged() {
                 x8.data.bytes().len(),
                 rows.div_ceil(8) * 8 * w.row_bytes(),
                 "{dtype} {rows} rows: whole groups, the last padded"
+            );
+            // Written in place over whatever the buffer held (the load writes into the
+            // resident copy): every byte is set, the padding rows' too.
+            let mut dirty = vec![0xA5u8; interleaved_len(&w).expect("these formats interleave")];
+            interleave_into(&w, &mut dirty);
+            assert!(
+                dirty == x8.data.bytes(),
+                "{dtype} {rows} rows: written in place"
             );
             let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
             for r in 0..rows {

@@ -14,7 +14,7 @@ use vigil_kernels::cpu::{self, Isa};
 use vigil_kernels::matmul::matmul_isa;
 use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::quant::interleave::{interleaved, row_bytes};
-use vigil_kernels::quant::packed_bf16::{packed, PackedBf16};
+use vigil_kernels::quant::packed_bf16::{packed, PackPlan, PackedBf16};
 use vigil_kernels::storage::AlignedBytes;
 use vigil_kernels::{DType, Layout, QMatrix, WeightData};
 
@@ -65,6 +65,12 @@ fn packing_is_lossless_and_lists_the_exceptions() {
         for r in 0..rows {
             assert_eq!(row_bytes(&p, r), w.row(r), "{rows} × {cols} row {r}");
         }
+        // Written in place over whatever the buffer held (the load writes into the resident
+        // copy): every byte is set, the header's, the index's and its padding's too.
+        let plan = PackPlan::new(&w).expect("a packable matrix");
+        let mut dirty = vec![0xA5u8; plan.len(&w)];
+        plan.pack_into(&w, &mut dirty);
+        assert!(dirty == p.data.bytes(), "{rows} × {cols}: written in place");
     }
 }
 

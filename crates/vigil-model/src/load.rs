@@ -81,10 +81,12 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     // The matrices read straight from the checkpoint are read every token: from a resident
     // copy (converted ones are owned buffers already).
     if !keep_mapped() {
-        weights.make_resident().map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        weights
+            .make_resident(&pool)
+            .map_err(|source| ModelError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
     }
     let chat_template = match tokenizer.chat_template() {
         Some(src) => Some(ChatTemplate::new(

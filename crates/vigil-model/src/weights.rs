@@ -1,14 +1,49 @@
 //! The decoder's weights, whatever file they came from. Linear layers are `QMatrix` in any
 //! format the kernels multiply (F32/F16/BF16/Q8_0/Q4_x/Qk_K); norms are plain f32.
 
-use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
 use vigil_kernels::cpu;
-use vigil_kernels::quant::interleave::{can_interleave, interleaved_bytes};
-use vigil_kernels::quant::packed_bf16;
-use vigil_kernels::storage::resident_copy;
+use vigil_kernels::pool::ThreadPool;
+use vigil_kernels::quant::interleave::{can_interleave, interleave_into, interleaved_len};
+use vigil_kernels::quant::packed_bf16::{self, PackPlan};
+use vigil_kernels::storage::resident_map;
 use vigil_kernels::{Layout, QMatrix, WeightData};
+
+/// The form a matrix takes in the resident copy.
+enum Form {
+    /// Its bytes as they are.
+    Stored,
+    Interleaved,
+    Packed(PackPlan),
+}
+
+impl Form {
+    fn len(&self, m: &QMatrix) -> usize {
+        match self {
+            Form::Stored => m.data.bytes().len(),
+            Form::Interleaved => interleaved_len(m).expect("an interleaved form was planned"),
+            Form::Packed(plan) => plan.len(m),
+        }
+    }
+
+    fn layout(&self, m: &QMatrix) -> Layout {
+        match self {
+            Form::Stored => m.layout,
+            Form::Interleaved => Layout::Interleaved8,
+            Form::Packed(_) => Layout::PackedBf16,
+        }
+    }
+
+    /// Writes `m` in this form into `out` (`len(m)` bytes).
+    fn write(&self, m: &QMatrix, out: &mut [u8]) {
+        match self {
+            Form::Stored => out.copy_from_slice(m.data.bytes()),
+            Form::Interleaved => interleave_into(m, out),
+            Form::Packed(plan) => plan.pack_into(m, out),
+        }
+    }
+}
 
 /// A gated MLP: `down(act(gate(x)) * up(x))` (SwiGLU or GeGLU, `ModelConfig::activation`).
 #[derive(Debug, Clone)]
@@ -101,8 +136,8 @@ impl ModelWeights {
         all
     }
 
-    /// Moves every matrix into one resident buffer in huge pages (`storage::resident_copy`),
-    /// 64-byte aligned each; bytes viewed twice (a tied output) are copied once. Matrices
+    /// Moves every matrix into one resident buffer in huge pages (`storage::resident_map`),
+    /// 64-byte aligned each; bytes viewed twice (a tied output) are placed once. Matrices
     /// converted at load (`--quantize`, Q5_0 widened) move too, from their owned buffers in
     /// 4 KiB pages: decode streams them every token like the rest (Qwen3-0.6B's Q8_0 read 29-30
     /// GB/s from owned buffers where its BF16 read 33-35 from the copy). Only the matrices the
@@ -114,7 +149,13 @@ impl ModelWeights {
     /// row-major; a tied one is the output projection too and is interleaved (a lookup takes
     /// its row back out of the groups, `dequantize_row`). BF16 matrices are packed into 12 bits
     /// a value as well (`quant::packed_bf16`), unless `VIGIL_PACK_BF16=0`.
-    pub fn make_resident(&mut self) -> std::io::Result<()> {
+    ///
+    /// Each form is written straight into the buffer on `pool`'s threads, a matrix a task: made
+    /// on one thread, packing alone was over a quarter of loading a BF16 checkpoint. Nothing is
+    /// staged on the heap: forms staged in `Vec`s on the pool's threads left some of that memory
+    /// in glibc's per-thread arenas after they were freed, a different amount each start
+    /// (docs/benchmarks.md, "A checkpoint's kernel forms written in place on every load thread").
+    pub fn make_resident(&mut self, pool: &ThreadPool) -> std::io::Result<()> {
         let interleave = cpu::features().best() != cpu::Isa::Scalar;
         let key = |m: &QMatrix| {
             let b = m.data.bytes();
@@ -124,41 +165,55 @@ impl ModelWeights {
         let tied = key(&self.output) == embd;
         let mut mats = self.matrices_mut();
         let interleaves = |m: &QMatrix| interleave && can_interleave(m) && (key(m) != embd || tied);
-        // Source (address, length) → offset, length and layout in the copy; the bytes placed
-        // there: the source's, or their interleaved or packed form.
-        let mut placed: HashMap<(usize, usize), (usize, usize, Layout)> = HashMap::new();
-        let mut spans: Vec<(usize, Cow<[u8]>)> = Vec::new();
-        let mut len = 0;
-        for m in &mats {
-            if placed.contains_key(&key(m)) {
-                continue;
-            }
-            // Packed where BF16 packs (`packed_bytes` says), else interleaved.
-            let kernels_form = || {
-                let packed = packed_bf16::enabled()
-                    .then(|| packed_bf16::packed_bytes(m))
-                    .flatten();
-                match packed {
-                    Some(p) => Some((p, Layout::PackedBf16)),
-                    None => interleaved_bytes(m).map(|x8| (x8, Layout::Interleaved8)),
-                }
-            };
-            let (bytes, layout) = match interleaves(m).then(kernels_form).flatten() {
-                Some((b, layout)) => (Cow::Owned(b), layout),
-                None => (Cow::Borrowed(m.data.bytes()), m.layout),
-            };
-            let n = bytes.len();
-            placed.insert(key(m), (len, n, layout));
-            spans.push((len, bytes));
-            len = (len + n).next_multiple_of(64);
-        }
-        if spans.is_empty() {
+        // Each distinct matrix once (a tied output projection is the embedding's bytes).
+        let mut seen = HashSet::new();
+        let distinct: Vec<&QMatrix> = (mats.iter().map(|m| &**m))
+            .filter(|&m| seen.insert(key(m)))
+            .collect();
+        if distinct.is_empty() {
             return Ok(());
         }
-        let parts: Vec<(usize, &[u8])> = spans.iter().map(|(at, b)| (*at, &**b)).collect();
-        let map = Arc::new(resident_copy(len, &parts)?);
-        drop(parts);
-        drop(spans);
+        // Packed where BF16 packs (its plan, a pass over the matrix, says), else interleaved.
+        let form_of = |m: &QMatrix| {
+            if !interleaves(m) {
+                return Form::Stored;
+            }
+            let plan = packed_bf16::enabled().then(|| PackPlan::new(m)).flatten();
+            plan.map_or(Form::Interleaved, Form::Packed)
+        };
+        let forms: Vec<OnceLock<Form>> = distinct.iter().map(|_| OnceLock::new()).collect();
+        pool.run(distinct.len(), |i| {
+            // Each task sets only its own slot.
+            let _ = forms[i].set(form_of(distinct[i]));
+        });
+        let forms: Vec<Form> = forms
+            .into_iter()
+            .map(|f| f.into_inner().expect("every task ran"))
+            .collect();
+        // Source (address, length) → offset, length and layout in the copy.
+        let mut placed: HashMap<(usize, usize), (usize, usize, Layout)> = HashMap::new();
+        let mut len = 0;
+        for (m, form) in distinct.iter().zip(&forms) {
+            let n = form.len(m);
+            placed.insert(key(m), (len, n, form.layout(m)));
+            len = (len + n).next_multiple_of(64);
+        }
+        let mut anon = resident_map(len)?;
+        // The buffer cut at the placements, in order: a disjoint slice a task.
+        let mut outs = Vec::with_capacity(distinct.len());
+        let (mut rest, mut at) = (&mut anon[..], 0);
+        for m in &distinct {
+            let (offset, n, _) = placed[&key(m)];
+            let (out, tail) = rest[offset - at..].split_at_mut(n);
+            outs.push(Mutex::new(out));
+            (rest, at) = (tail, offset + n);
+        }
+        pool.run(distinct.len(), |i| {
+            let mut out = outs[i].lock().unwrap_or_else(|e| e.into_inner());
+            forms[i].write(distinct[i], &mut out);
+        });
+        drop(outs);
+        let map = Arc::new(anon.make_read_only()?);
         for m in &mut mats {
             // Keyed by the bytes it viewed: the other view of a tied pair keeps them alive.
             let (offset, len, layout) = placed[&key(m)];

@@ -149,7 +149,7 @@ fn q8_0_logits_do_not_depend_on_batching_or_chunking() {
     check_model("qwen3", LoadQuantization::Q8_0);
 }
 
-/// The weights made resident at load (packed or interleaved,
+/// The weights made resident at load (packed or interleaved in place, a matrix a pool task,
 /// `ModelWeights::make_resident`) are the same bytes in the same layouts whatever the number of
 /// load threads.
 #[test]

@@ -152,19 +152,6 @@ impl Interleave for BlockQ4K {
     }
 }
 
-/// `rows` rows of `nb` blocks, interleaved: group `g`'s block `b` at `g * nb + b`.
-pub fn interleave_blocks<B: Interleave>(w: &[B], rows: usize, nb: usize) -> Vec<B::X8> {
-    let mut out = Vec::with_capacity(rows.div_ceil(8) * nb);
-    for j0 in (0..rows).step_by(8) {
-        for b in 0..nb {
-            out.push(B::interleave(std::array::from_fn(|k| {
-                (j0 + k < rows).then(|| &w[(j0 + k) * nb + b])
-            })));
-        }
-    }
-    out
-}
-
 /// Group `g`'s 8 rows (`nb` blocks each, row after row) out of an interleaved matrix.
 pub fn group_rows<B: Interleave>(x8: &[B::X8], nb: usize, g: usize) -> Vec<B> {
     let group = &x8[g * nb..(g + 1) * nb];
@@ -189,11 +176,15 @@ pub fn can_interleave(m: &QMatrix) -> bool {
 /// Values of one row a float group holds side by side with the other 7 rows'.
 pub const FLOAT_CHUNK: usize = 8;
 
-/// A float matrix's rows (`rows × row_bytes`, `chunk` bytes a chunk of 8 values) interleaved:
-/// chunk `s` of row `8g + k` at `((g * chunks + s) * 8 + k) * chunk` bytes, padding rows zero.
-fn interleave_float(bytes: &[u8], rows: usize, row_bytes: usize, chunk: usize) -> Vec<u8> {
+/// A float matrix's rows (`rows × row_bytes`, `chunk` bytes a chunk of 8 values) interleaved
+/// into `out` (`rows.div_ceil(8) * 8 * row_bytes` bytes): chunk `s` of row `8g + k` at
+/// `((g * chunks + s) * 8 + k) * chunk` bytes, padding rows zero.
+fn interleave_float(bytes: &[u8], rows: usize, row_bytes: usize, chunk: usize, out: &mut [u8]) {
     let chunks = row_bytes / chunk;
-    let mut out = vec![0u8; rows.div_ceil(8) * 8 * row_bytes];
+    // The last group holds the padding rows: zero it whole, its real rows are written below.
+    if !rows.is_multiple_of(8) {
+        out[rows / 8 * 8 * row_bytes..].fill(0);
+    }
     for r in 0..rows {
         let (g, k) = (r / 8, r % 8);
         for s in 0..chunks {
@@ -201,7 +192,6 @@ fn interleave_float(bytes: &[u8], rows: usize, row_bytes: usize, chunk: usize) -
             out[at..at + chunk].copy_from_slice(&bytes[r * row_bytes + s * chunk..][..chunk]);
         }
     }
-    out
 }
 
 /// Row `r` back out of `interleave_float`'s layout.
@@ -216,29 +206,61 @@ pub(crate) fn float_row(bytes: &[u8], r: usize, row_bytes: usize, chunk: usize) 
         .collect()
 }
 
-/// The interleaved bytes of `m` (`can_interleave`), or `None`.
-pub fn interleaved_bytes(m: &QMatrix) -> Option<Vec<u8>> {
-    if !can_interleave(m) {
-        return None;
-    }
+/// The length of `m`'s interleaved form (`can_interleave`), or `None`: its rows padded to a
+/// multiple of 8, the same bytes a row.
+pub fn interleaved_len(m: &QMatrix) -> Option<usize> {
+    can_interleave(m).then(|| m.rows.div_ceil(8) * 8 * m.row_bytes())
+}
+
+/// `m` interleaved (`can_interleave`) into `out`, `interleaved_len(m)` bytes: written where it
+/// will be read (the resident copy, `ModelWeights::make_resident`), never staged on the heap.
+pub fn interleave_into(m: &QMatrix, out: &mut [u8]) {
+    assert!(
+        can_interleave(m),
+        "interleave_into: {:?} has no interleaved form",
+        m.dtype
+    );
+    assert_eq!(
+        Some(out.len()),
+        interleaved_len(m),
+        "interleave_into: output length"
+    );
     let nb = m.cols / m.dtype.block_size();
     let bytes = &m.data.bytes()[..m.rows * m.row_bytes()];
     if m.dtype.is_float() {
         let chunk = FLOAT_CHUNK * m.dtype.type_size();
-        return Some(interleave_float(bytes, m.rows, m.row_bytes(), chunk));
+        return interleave_float(bytes, m.rows, m.row_bytes(), chunk, out);
     }
-    fn go<B: Interleave>(bytes: &[u8], rows: usize, nb: usize) -> Vec<u8> {
-        // The bytes may be unaligned for `B` (a view into a file): copy them out.
-        let w: Vec<B> = bytemuck::pod_collect_to_vec(bytes);
-        bytemuck::cast_slice(&interleave_blocks(&w, rows, nb)).to_vec()
+    fn go<B: Interleave>(bytes: &[u8], rows: usize, nb: usize, out: &mut [u8]) {
+        let (size, size8) = (std::mem::size_of::<B>(), std::mem::size_of::<B::X8>());
+        assert_eq!(size8, 8 * size, "an interleaved block is 8 blocks' bytes");
+        // The bytes may be unaligned for `B` (a view into a file): read each block out.
+        let block = |r: usize, b: usize| -> B {
+            bytemuck::pod_read_unaligned(&bytes[(r * nb + b) * size..][..size])
+        };
+        for (g, j0) in (0..rows).step_by(8).enumerate() {
+            for b in 0..nb {
+                let held: [Option<B>; 8] =
+                    std::array::from_fn(|k| (j0 + k < rows).then(|| block(j0 + k, b)));
+                let x8 = B::interleave(std::array::from_fn(|k| held[k].as_ref()));
+                out[(g * nb + b) * size8..][..size8].copy_from_slice(bytemuck::bytes_of(&x8));
+            }
+        }
     }
-    Some(match m.dtype {
-        DType::Q4_0 => go::<BlockQ4_0>(bytes, m.rows, nb),
-        DType::Q4_1 => go::<BlockQ4_1>(bytes, m.rows, nb),
-        DType::Q4K => go::<BlockQ4K>(bytes, m.rows, nb),
-        DType::Q5K => go::<BlockQ5K>(bytes, m.rows, nb),
-        _ => go::<BlockQ8_0>(bytes, m.rows, nb),
-    })
+    match m.dtype {
+        DType::Q4_0 => go::<BlockQ4_0>(bytes, m.rows, nb, out),
+        DType::Q4_1 => go::<BlockQ4_1>(bytes, m.rows, nb, out),
+        DType::Q4K => go::<BlockQ4K>(bytes, m.rows, nb, out),
+        DType::Q5K => go::<BlockQ5K>(bytes, m.rows, nb, out),
+        _ => go::<BlockQ8_0>(bytes, m.rows, nb, out),
+    }
+}
+
+/// The interleaved bytes of `m` (`can_interleave`) in a new buffer, or `None`.
+pub fn interleaved_bytes(m: &QMatrix) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; interleaved_len(m)?];
+    interleave_into(m, &mut out);
+    Some(out)
 }
 
 /// `m` interleaved into an owned buffer (`can_interleave`), or `None`.

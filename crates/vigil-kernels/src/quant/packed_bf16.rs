@@ -169,70 +169,114 @@ pub fn can_pack(m: &QMatrix) -> bool {
         && !crate::cpu::bf16_dots()
 }
 
-/// The packed bytes of `m` (`can_pack`), or `None` where its high bytes spread too widely.
-pub fn packed_bytes(m: &QMatrix) -> Option<Vec<u8>> {
-    if !can_pack(m) || m.rows == 0 {
-        return None;
+/// How a matrix packs: its table of the 15 most common high bytes, and how many values are
+/// exceptions.
+#[derive(Clone, Debug)]
+pub struct PackPlan {
+    table: [u8; 16],
+    exceptions: usize,
+}
+
+impl PackPlan {
+    /// The plan for `m` (`can_pack`), a pass counting its high bytes; `None` where they spread
+    /// too widely.
+    pub fn new(m: &QMatrix) -> Option<Self> {
+        if !can_pack(m) || m.rows == 0 {
+            return None;
+        }
+        let src = &m.data.bytes()[..m.rows * m.cols * 2];
+        let mut count = [0usize; 256];
+        for w in src.chunks_exact(2) {
+            count[w[1] as usize] += 1;
+        }
+        let mut order: Vec<u8> = (0..=255).collect();
+        order.sort_by_key(|&b| (std::cmp::Reverse(count[b as usize]), b));
+        let mut table = [0u8; 16];
+        table[..15].copy_from_slice(&order[..15]);
+        let exceptions: usize = order[15..].iter().map(|&b| count[b as usize]).sum();
+        (exceptions * MAX_EXCEPTION_SHARE <= m.rows * m.cols)
+            .then_some(PackPlan { table, exceptions })
     }
-    let (rows, cols) = (m.rows, m.cols);
-    let src = &m.data.bytes()[..rows * cols * 2];
-    let mut count = [0usize; 256];
-    for w in src.chunks_exact(2) {
-        count[w[1] as usize] += 1;
+
+    /// Each high byte's code: its place in the table, `ESCAPE` for the rest.
+    fn codes(&self) -> [u8; 256] {
+        let mut code = [ESCAPE; 256];
+        for (c, &b) in self.table[..15].iter().enumerate() {
+            code[b as usize] = c as u8;
+        }
+        code
     }
-    let mut order: Vec<u8> = (0..=255).collect();
-    order.sort_by_key(|&b| (std::cmp::Reverse(count[b as usize]), b));
-    let mut table = [0u8; 16];
-    let mut code = [ESCAPE; 256];
-    for (c, &b) in order[..15].iter().enumerate() {
-        table[c] = b;
-        code[b as usize] = c as u8;
+
+    /// The packed length of `m`, the matrix this plan was made for.
+    pub fn len(&self, m: &QMatrix) -> usize {
+        sections(m.rows.div_ceil(8), m.cols, self.exceptions).3
     }
-    let missing: usize = order[15..].iter().map(|&b| count[b as usize]).sum();
-    if missing * MAX_EXCEPTION_SHARE > rows * cols {
-        return None;
-    }
-    let ng = rows.div_ceil(8);
-    let pairs = cols / PAIR_COLS;
-    let (groups_at, index_at, exc_at, len) = sections(ng, cols, missing);
-    let mut out = vec![0u8; len];
-    out[..16].copy_from_slice(&table);
-    out[16..20].copy_from_slice(&(missing as u32).to_le_bytes());
-    let mut exceptions: Vec<Exception> = Vec::with_capacity(missing);
-    let mut index = Vec::with_capacity(ng + 1);
-    for g in 0..ng {
-        index.push(exceptions.len() as u32);
-        for q in 0..pairs {
-            let pair = &mut out[groups_at + (g * pairs + q) * PAIR_BYTES..][..PAIR_BYTES];
-            for t in 0..2 {
-                for p in 0..64 {
-                    let (row, col) = position(p);
-                    let r = 8 * g + row;
-                    // A padding row: any code will do, its outputs are never kept.
-                    let (lo, hi) = if r < rows {
-                        let at = 2 * (r * cols + (2 * q + t) * 8 + col);
-                        (src[at], src[at + 1])
-                    } else {
-                        (0, table[0])
-                    };
-                    let c = code[hi as usize];
-                    if c == ESCAPE {
-                        exceptions.push(Exception {
-                            pair: q as u32,
-                            pos: (64 * t + p) as u8,
-                            byte: hi,
-                            _pad: [0; 2],
-                        });
+
+    /// `m` packed into `out` (`len(m)` bytes, any contents): written where it will be read
+    /// (the resident copy, `ModelWeights::make_resident`), never staged on the heap.
+    pub fn pack_into(&self, m: &QMatrix, out: &mut [u8]) {
+        let (rows, cols) = (m.rows, m.cols);
+        let src = &m.data.bytes()[..rows * cols * 2];
+        let ng = rows.div_ceil(8);
+        let pairs = cols / PAIR_COLS;
+        let (groups_at, index_at, exc_at, len) = sections(ng, cols, self.exceptions);
+        assert_eq!(out.len(), len, "pack_into: output length");
+        let code = self.codes();
+        out[..groups_at].fill(0);
+        out[..16].copy_from_slice(&self.table);
+        out[16..20].copy_from_slice(&(self.exceptions as u32).to_le_bytes());
+        // The index's padding up to the exceptions.
+        out[index_at..exc_at].fill(0);
+        let (head, exc_out) = out.split_at_mut(exc_at);
+        let (groups, index) = head[groups_at..].split_at_mut(index_at - groups_at);
+        let mut e = 0;
+        for g in 0..ng {
+            index[4 * g..4 * g + 4].copy_from_slice(&(e as u32).to_le_bytes());
+            for q in 0..pairs {
+                let pair = &mut groups[(g * pairs + q) * PAIR_BYTES..][..PAIR_BYTES];
+                for t in 0..2 {
+                    for p in 0..64 {
+                        let (row, col) = position(p);
+                        let r = 8 * g + row;
+                        // A padding row: any code will do, its outputs are never kept.
+                        let (lo, hi) = if r < rows {
+                            let at = 2 * (r * cols + (2 * q + t) * 8 + col);
+                            (src[at], src[at + 1])
+                        } else {
+                            (0, self.table[0])
+                        };
+                        let c = code[hi as usize];
+                        if c == ESCAPE {
+                            let exc = Exception {
+                                pair: q as u32,
+                                pos: (64 * t + p) as u8,
+                                byte: hi,
+                                _pad: [0; 2],
+                            };
+                            exc_out[8 * e..8 * e + 8].copy_from_slice(bytemuck::bytes_of(&exc));
+                            e += 1;
+                        }
+                        pair[64 * t + p] = lo;
+                        // Step 0's code in the low nibble, step 1's in the high.
+                        pair[128 + p] = if t == 0 { c } else { pair[128 + p] | c << 4 };
                     }
-                    pair[64 * t + p] = lo;
-                    pair[128 + p] |= c << (4 * t);
                 }
             }
         }
+        assert_eq!(
+            e, self.exceptions,
+            "pack_into: `m` is not the plan's matrix"
+        );
+        index[4 * ng..4 * ng + 4].copy_from_slice(&(e as u32).to_le_bytes());
     }
-    index.push(exceptions.len() as u32);
-    out[index_at..index_at + 4 * (ng + 1)].copy_from_slice(bytemuck::cast_slice(&index));
-    out[exc_at..].copy_from_slice(bytemuck::cast_slice(&exceptions));
+}
+
+/// The packed bytes of `m` (`can_pack`) in a new buffer, or `None` where its high bytes spread
+/// too widely.
+pub fn packed_bytes(m: &QMatrix) -> Option<Vec<u8>> {
+    let plan = PackPlan::new(m)?;
+    let mut out = vec![0u8; plan.len(m)];
+    plan.pack_into(m, &mut out);
     Some(out)
 }
 
