@@ -65,7 +65,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             dir: path,
             arch: config.arch,
         };
-        let weights = build_weights(&config, &source, opts.quantize)?;
+        let weights = build_weights(&config, &source, opts.quantize, &pool)?;
         (config, weights, Tokenizer::from_hf_dir(path)?)
     } else {
         let file = crate::gguf::GgufFile::open(path)?;
@@ -74,6 +74,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             &config,
             &crate::source_gguf::GgufSource { file: &file },
             opts.quantize,
+            &pool,
         )?;
         let tokenizer = Tokenizer::from_gguf_vocab(&crate::source_gguf::gguf_vocab(&file)?)?;
         (config, weights, tokenizer)

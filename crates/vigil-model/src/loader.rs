@@ -4,6 +4,7 @@
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::weights::{FeedForward, LayerWeights, Mlp, ModelWeights, Moe};
+use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::QMatrix;
 
 /// The parts of a decoder layer, named independently of any file format.
@@ -57,8 +58,9 @@ pub fn build_weights(
     config: &ModelConfig,
     src: &dyn TensorSource,
     quant: LoadQuantization,
+    pool: &ThreadPool,
 ) -> Result<ModelWeights> {
-    let q = |m: QMatrix| convert(m, quant);
+    let q = |m: QMatrix| convert(m, quant, pool);
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
         let ffn = if config.is_sparse_layer(i) {
@@ -164,38 +166,40 @@ fn check_shapes(
     Ok(())
 }
 
-fn convert(m: QMatrix, quant: LoadQuantization) -> Result<QMatrix> {
+fn convert(m: QMatrix, quant: LoadQuantization, pool: &ThreadPool) -> Result<QMatrix> {
     // Formats without kernels of their own are widened losslessly once, here.
     let m = vigil_kernels::quant::widen::widened(&m).unwrap_or(m);
     match quant {
         LoadQuantization::AsStored => Ok(m),
         LoadQuantization::Q8_0 if m.dtype.is_quantized() || !m.cols.is_multiple_of(32) => Ok(m),
-        LoadQuantization::Q8_0 => Ok(quantize_matrix_q8_0(&m)),
+        LoadQuantization::Q8_0 => Ok(quantize_matrix_q8_0(&m, pool)),
     }
 }
 
-/// Dequantize each row to f32 and requantize it to Q8_0 blocks.
-fn quantize_matrix_q8_0(m: &QMatrix) -> QMatrix {
+/// Dequantize each row to f32 and requantize it to Q8_0 blocks, the rows split over `pool`'s
+/// threads (on one, `--quantize q8_0` took most of a Qwen3-0.6B-shape load). The buffer is
+/// allocated here, on the loading thread, so the pool's threads only write into it.
+fn quantize_matrix_q8_0(m: &QMatrix, pool: &ThreadPool) -> QMatrix {
     use vigil_kernels::quant::{quantize::quantize_row_q8_0, BlockQ8_0};
     use vigil_kernels::storage::AlignedBytes;
     let blocks_per_row = m.cols / 32;
-    let mut bytes =
-        AlignedBytes::zeroed(m.rows * blocks_per_row * std::mem::size_of::<BlockQ8_0>());
-    let mut row = vec![0f32; m.cols];
-    let mut blocks = vec![
-        BlockQ8_0 {
-            d: half::f16::ZERO,
-            qs: [0; 32]
-        };
-        blocks_per_row
-    ];
     let row_bytes = blocks_per_row * std::mem::size_of::<BlockQ8_0>();
-    for r in 0..m.rows {
-        vigil_kernels::quant::dequant::dequantize_row(m, r, &mut row);
-        quantize_row_q8_0(&row, &mut blocks);
-        bytes.as_bytes_mut()[r * row_bytes..(r + 1) * row_bytes]
-            .copy_from_slice(bytemuck::cast_slice(&blocks));
-    }
+    let mut bytes = AlignedBytes::zeroed(m.rows * row_bytes);
+    pool.for_row_chunks(bytes.as_bytes_mut(), row_bytes, 8, |r0, rows| {
+        let mut row = vec![0f32; m.cols];
+        let mut blocks = vec![
+            BlockQ8_0 {
+                d: half::f16::ZERO,
+                qs: [0; 32]
+            };
+            blocks_per_row
+        ];
+        for (i, out) in rows.chunks_exact_mut(row_bytes).enumerate() {
+            vigil_kernels::quant::dequant::dequantize_row(m, r0 + i, &mut row);
+            quantize_row_q8_0(&row, &mut blocks);
+            out.copy_from_slice(bytemuck::cast_slice(&blocks));
+        }
+    });
     QMatrix {
         layout: vigil_kernels::Layout::Rows,
         dtype: vigil_kernels::DType::Q8_0,

@@ -150,8 +150,8 @@ fn q8_0_logits_do_not_depend_on_batching_or_chunking() {
 }
 
 /// The weights made resident at load (packed or interleaved in place, a matrix a pool task,
-/// `ModelWeights::make_resident`) are the same bytes in the same layouts whatever the number of
-/// load threads.
+/// `ModelWeights::make_resident`; with `--quantize q8_0` quantized a chunk of rows a pool task
+/// first) are the same bytes in the same layouts whatever the number of load threads.
 #[test]
 fn resident_weights_do_not_depend_on_the_load_threads() {
     use vigil_kernels::QMatrix;
@@ -160,12 +160,26 @@ fn resident_weights_do_not_depend_on_the_load_threads() {
         assert_eq!(a.layout, b.layout, "{what}: layout");
         assert!(a.data.bytes() == b.data.bytes(), "{what}: bytes differ");
     };
-    for name in ["llama_bf16", "qwen3_bf16", "llama", "gemma3"] {
-        let (one, three) = (
-            load(name, LoadQuantization::AsStored, 1),
-            load(name, LoadQuantization::AsStored, 3),
-        );
+    use LoadQuantization::{AsStored, Q8_0};
+    let cases = [
+        ("llama_bf16", AsStored),
+        ("qwen3_bf16", AsStored),
+        ("llama", AsStored),
+        ("gemma3", AsStored),
+        ("qwen3_bf16", Q8_0),
+        ("llama", Q8_0),
+    ];
+    for (name, quant) in cases {
+        let (one, three) = (load(name, quant, 1), load(name, quant, 3));
         let (a, b) = (&one.weights, &three.weights);
+        if quant == Q8_0 {
+            assert_eq!(
+                a.layers[0].wq.dtype,
+                vigil_kernels::DType::Q8_0,
+                "{name}: quantized"
+            );
+        }
+        let name = format!("{name} {quant:?}");
         same(&a.token_embd, &b.token_embd, &format!("{name} embedding"));
         same(&a.output, &b.output, &format!("{name} output"));
         for (i, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
