@@ -7,7 +7,7 @@ use vigil_kernels::cpu;
 use vigil_kernels::pool::ThreadPool;
 use vigil_kernels::quant::interleave::{can_interleave, interleave_into, interleaved_len};
 use vigil_kernels::quant::packed_bf16::{self, PackPlan};
-use vigil_kernels::storage::resident_map;
+use vigil_kernels::storage::{resident_map, AlignedBytes};
 use vigil_kernels::{Layout, QMatrix, WeightData};
 
 /// The form a matrix takes in the resident copy.
@@ -139,8 +139,9 @@ impl ModelWeights {
     /// Moves every matrix into one resident buffer in huge pages (`storage::resident_map`),
     /// 64-byte aligned each; bytes viewed twice (a tied output) are placed once. Matrices
     /// converted at load (`--quantize`, Q5_0 widened) move too, from their owned buffers in
-    /// 4 KiB pages: decode streams them every token like the rest (Qwen3-0.6B's Q8_0 read 29-30
-    /// GB/s from owned buffers where its BF16 read 33-35 from the copy). Only the matrices the
+    /// 4 KiB pages, each freed once it is placed: decode streams them every token like the rest
+    /// (Qwen3-0.6B's Q8_0 read 29-30 GB/s from owned buffers where its BF16 read 33-35 from
+    /// the copy). Only the matrices the
     /// model reads are there: a checkpoint's bytes a conversion replaced are not copied.
     ///
     /// With SIMD kernels, the Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K and float matrices the matmuls read are
@@ -167,8 +168,9 @@ impl ModelWeights {
         let interleaves = |m: &QMatrix| interleave && can_interleave(m) && (key(m) != embd || tied);
         // Each distinct matrix once (a tied output projection is the embedding's bytes).
         let mut seen = HashSet::new();
-        let distinct: Vec<&QMatrix> = (mats.iter().map(|m| &**m))
+        let distinct: Vec<QMatrix> = (mats.iter().map(|m| &**m))
             .filter(|&m| seen.insert(key(m)))
+            .cloned()
             .collect();
         if distinct.is_empty() {
             return Ok(());
@@ -184,7 +186,7 @@ impl ModelWeights {
         let forms: Vec<OnceLock<Form>> = distinct.iter().map(|_| OnceLock::new()).collect();
         pool.run(distinct.len(), |i| {
             // Each task sets only its own slot.
-            let _ = forms[i].set(form_of(distinct[i]));
+            let _ = forms[i].set(form_of(&distinct[i]));
         });
         let forms: Vec<Form> = forms
             .into_iter()
@@ -199,24 +201,33 @@ impl ModelWeights {
             len = (len + n).next_multiple_of(64);
         }
         let mut anon = resident_map(len)?;
-        // The buffer cut at the placements, in order: a disjoint slice a task.
-        let mut outs = Vec::with_capacity(distinct.len());
+        // From here the sources live only in `distinct`: each is dropped once its bytes are
+        // written, so a buffer converted at load (`--quantize q8_0`) is freed as its copy
+        // fills, instead of every converted matrix and the whole copy being held at once.
+        let keys: Vec<(usize, usize)> = mats.iter().map(|m| key(m)).collect();
+        for m in &mut mats {
+            m.data = WeightData::Owned(Arc::new(AlignedBytes::zeroed(0)));
+        }
+        // The buffer cut at the placements, in order: a disjoint slice a task, with its source.
+        let mut tasks = Vec::with_capacity(distinct.len());
         let (mut rest, mut at) = (&mut anon[..], 0);
-        for m in &distinct {
-            let (offset, n, _) = placed[&key(m)];
+        for m in distinct {
+            let (offset, n, _) = placed[&key(&m)];
             let (out, tail) = rest[offset - at..].split_at_mut(n);
-            outs.push(Mutex::new(out));
+            tasks.push(Mutex::new(Some((m, out))));
             (rest, at) = (tail, offset + n);
         }
-        pool.run(distinct.len(), |i| {
-            let mut out = outs[i].lock().unwrap_or_else(|e| e.into_inner());
-            forms[i].write(distinct[i], &mut out);
+        pool.run(tasks.len(), |i| {
+            let task = tasks[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some((m, out)) = task {
+                forms[i].write(&m, out);
+            }
         });
-        drop(outs);
+        drop(tasks);
         let map = Arc::new(anon.make_read_only()?);
-        for m in &mut mats {
-            // Keyed by the bytes it viewed: the other view of a tied pair keeps them alive.
-            let (offset, len, layout) = placed[&key(m)];
+        for (m, k) in mats.iter_mut().zip(keys) {
+            // Keyed by the bytes it viewed (both views of a tied pair find the same place).
+            let (offset, len, layout) = placed[&k];
             m.data = WeightData::Mapped {
                 map: map.clone(),
                 offset,
