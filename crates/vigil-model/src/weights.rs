@@ -141,8 +141,8 @@ impl ModelWeights {
     /// converted at load (`--quantize`, Q5_0 widened) move too, from their owned buffers in
     /// 4 KiB pages, each freed once it is placed: decode streams them every token like the rest
     /// (Qwen3-0.6B's Q8_0 read 29-30 GB/s from owned buffers where its BF16 read 33-35 from
-    /// the copy). Only the matrices the
-    /// model reads are there: a checkpoint's bytes a conversion replaced are not copied.
+    /// the copy). Only the matrices the model reads are there: a checkpoint's bytes a
+    /// conversion replaced are not copied.
     ///
     /// With SIMD kernels, the Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K and float matrices the matmuls read are
     /// stored interleaved 8 rows at a time instead (`quant::interleave`): the same bytes in the
