@@ -6,7 +6,7 @@ use crate::DType;
 use std::sync::Arc;
 
 /// Whether checkpoints are served from their file mapping (`VIGIL_MMAP=1`) instead of a
-/// resident copy (`resident_copy`).
+/// resident copy (`resident_map`).
 pub fn keep_mapped() -> bool {
     std::env::var("VIGIL_MMAP").is_ok_and(|v| v == "1")
 }

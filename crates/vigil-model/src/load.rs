@@ -79,8 +79,8 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let tokenizer = Tokenizer::from_gguf_vocab(&crate::source_gguf::gguf_vocab(&file)?)?;
         (config, weights, tokenizer)
     };
-    // The matrices read straight from the checkpoint are read every token: from a resident
-    // copy (converted ones are owned buffers already).
+    // Every matrix is read every token: from one resident copy (converted ones move there
+    // too), unless `VIGIL_MMAP=1` keeps them where they are.
     if !keep_mapped() {
         weights
             .make_resident(&pool)

@@ -177,27 +177,21 @@ fn convert(m: QMatrix, quant: LoadQuantization, pool: &ThreadPool) -> Result<QMa
 }
 
 /// Dequantize each row to f32 and requantize it to Q8_0 blocks, the rows split over `pool`'s
-/// threads (on one, `--quantize q8_0` took most of a Qwen3-0.6B-shape load). The buffer is
-/// allocated here, on the loading thread, so the pool's threads only write into it.
+/// threads (Qwen3-0.6B shape, start to first prefill: 2.40 s on one, 1.83 on two,
+/// docs/benchmarks.md). The buffer is allocated here, on the loading thread, so the pool's
+/// threads only write into it.
 fn quantize_matrix_q8_0(m: &QMatrix, pool: &ThreadPool) -> QMatrix {
     use vigil_kernels::quant::{quantize::quantize_row_q8_0, BlockQ8_0};
     use vigil_kernels::storage::AlignedBytes;
     let blocks_per_row = m.cols / 32;
-    let row_bytes = blocks_per_row * std::mem::size_of::<BlockQ8_0>();
-    let mut bytes = AlignedBytes::zeroed(m.rows * row_bytes);
-    pool.for_row_chunks(bytes.as_bytes_mut(), row_bytes, 8, |r0, rows| {
+    let mut bytes = AlignedBytes::zeroed(m.rows * blocks_per_row * size_of::<BlockQ8_0>());
+    // 64-byte aligned, whole blocks: a slice of blocks in place.
+    let blocks: &mut [BlockQ8_0] = bytemuck::cast_slice_mut(bytes.as_bytes_mut());
+    pool.for_row_chunks(blocks, blocks_per_row, 8, |r0, rows| {
         let mut row = vec![0f32; m.cols];
-        let mut blocks = vec![
-            BlockQ8_0 {
-                d: half::f16::ZERO,
-                qs: [0; 32]
-            };
-            blocks_per_row
-        ];
-        for (i, out) in rows.chunks_exact_mut(row_bytes).enumerate() {
+        for (i, out) in rows.chunks_exact_mut(blocks_per_row).enumerate() {
             vigil_kernels::quant::dequant::dequantize_row(m, r0 + i, &mut row);
-            quantize_row_q8_0(&row, &mut blocks);
-            out.copy_from_slice(bytemuck::cast_slice(&blocks));
+            quantize_row_q8_0(&row, out);
         }
     });
     QMatrix {
