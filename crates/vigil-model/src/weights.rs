@@ -205,8 +205,9 @@ impl ModelWeights {
         // written, so a buffer converted at load (`--quantize q8_0`) is freed as its copy
         // fills, instead of every converted matrix and the whole copy being held at once.
         let keys: Vec<(usize, usize)> = mats.iter().map(|m| key(m)).collect();
+        let empty = WeightData::Owned(Arc::new(AlignedBytes::zeroed(0)));
         for m in &mut mats {
-            m.data = WeightData::Owned(Arc::new(AlignedBytes::zeroed(0)));
+            m.data = empty.clone();
         }
         // The buffer cut at the placements, in order: a disjoint slice a task, with its source.
         let mut tasks = Vec::with_capacity(distinct.len());
