@@ -367,6 +367,49 @@ def test_session_header_is_404(smol, path):
     check_error(r, path, 404, "sess_missing")
 
 
+# ── Type errors told in JSON's terms, not Rust's ─────────────────────────────────────────
+
+RUST_WORDS = re.compile(r"untagged|struct |sequence|floating point|\bmap\b|\b[ui](8|16|32|64|size)\b|\bf(32|64)\b")
+
+TYPE_CASES = [
+    ("stop", CHAT, body_for(CHAT, stop=-1), "expected a string or an array of strings"),
+    ("tool_choice", CHAT, body_for(CHAT, tool_choice=5), 'expected "none", "auto", "required" or'),
+    ("messages[0].content", CHAT, body_for(CHAT, messages=[{"role": "user", "content": 5}]),
+     "expected a string or an array of content parts"),
+    ("messages[0]", CHAT, body_for(CHAT, messages=[1]), "expected an object"),
+    ("stream_options", CHAT, body_for(CHAT, stream=True, stream_options=[]),
+     "invalid type: array, expected an object"),
+    ("prompt", COMP, body_for(COMP, prompt={"a": 1}),
+     "expected a string, an array of strings, an array of token ids or an array of token-id arrays"),
+    ("max_tokens", COMP, body_for(COMP, max_tokens=-1), "expected an integer from 0 to"),
+    ("seed", COMP, body_for(COMP, seed="x"), "expected an integer from"),
+    ("temperature", COMP, body_for(COMP, temperature=[]), "invalid type: array, expected a number"),
+    ("messages", MSG, body_for(MSG, messages=3), "invalid type: integer `3`, expected an array"),
+]
+
+
+@pytest.mark.parametrize("field,path,body,phrase", TYPE_CASES, ids=[f"{c[1]}:{c[0]}" for c in TYPE_CASES])
+def test_type_errors_say_what_was_expected_in_json_terms(smol, field, path, body, phrase):
+    """A wrong-typed field's 400 names the field and the JSON shape it takes, never a Rust type
+    (`untagged enum StopField`, `struct ChatMessage`, `u32`) or serde's `sequence` / `map`."""
+    err = check_error(send(smol, "POST", path, json_body=body), path, 400, field)
+    assert phrase in err["message"], err
+    assert not RUST_WORDS.search(err["message"]), err
+
+
+def test_session_push_type_error_says_what_was_expected(smol):
+    r = send(smol, "POST", "/v1/sessions", json_body={})
+    assert r.status_code == 200, r.text
+    sid = r.json()["id"]
+    try:
+        r = send(smol, "POST", f"/v1/sessions/{sid}/push", json_body={"data": 5})
+        err = check_error(r, "/v1/sessions", 400, "data")
+        assert "expected a string or a non-empty array of strings" in err["message"], err
+        assert not RUST_WORDS.search(err["message"]), err
+    finally:
+        send(smol, "DELETE", f"/v1/sessions/{sid}")
+
+
 def test_no_5xx_and_still_serving(smol):
     """Runs last in this module: nothing above got a 5xx except the provoked overload 503s,
     and the server still answers."""

@@ -1,5 +1,6 @@
 //! Request bodies parsed strictly: invalid JSON, wrong types and unknown fields become a 400
-//! naming the field (its JSON path), and a body over the limit a 413, in the route's envelope.
+//! naming the field (its JSON path) and, in JSON's terms, the shape it takes; a body over the
+//! limit is a 413, in the route's envelope.
 
 use crate::error::{ApiError, Flavor};
 use axum::body::Bytes;
@@ -41,7 +42,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         if inner.is_syntax() || inner.is_eof() {
             return ApiError::bad_request(format!("invalid JSON in the request body: {inner}"));
         }
-        let msg = strip_position(&inner.to_string());
+        let msg = json_terms(&strip_position(&inner.to_string()));
         let param = if path == "." {
             unknown_field_name(&msg).unwrap_or_default()
         } else {
@@ -59,14 +60,107 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 }
 
 /// serde_json appends " at line L column C", which means nothing to an HTTP client.
-fn strip_position(msg: &str) -> String {
+pub(crate) fn strip_position(msg: &str) -> String {
     match msg.rfind(" at line ") {
         Some(i) => msg[..i].to_string(),
         None => msg.to_string(),
     }
 }
 
+/// serde's words for a type in JSON's: a client sent an array or an object, not a `sequence`
+/// or a `map`, and Rust's names (`struct ChatMessage`, `u32`) mean nothing to it.
+pub(crate) fn json_terms(msg: &str) -> String {
+    // serde reads a struct from an array too; when the array is too short, it says so.
+    if msg.starts_with("invalid length ") && msg.contains(", expected struct ") {
+        return "invalid type: array, expected an object".to_string();
+    }
+    let mut out = msg
+        .replace("invalid type: sequence", "invalid type: array")
+        .replace("invalid type: map", "invalid type: object")
+        .replace("invalid type: floating point", "invalid type: number")
+        .replace("invalid value: floating point", "invalid value: number")
+        .replace("expected a sequence", "expected an array")
+        .replace("expected a map", "expected an object");
+    if let Some(i) = out.find("expected struct ") {
+        let name_end = out[i + "expected struct ".len()..]
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .map_or(out.len(), |n| i + "expected struct ".len() + n);
+        out.replace_range(i..name_end, "expected an object");
+    }
+    if let Some((head, ty)) = out.rsplit_once(", expected ") {
+        if let Some(range) = integer_range(ty) {
+            out = format!("{head}, expected {range}");
+        } else if ty == "f32" || ty == "f64" {
+            out = format!("{head}, expected a number");
+        }
+    }
+    out
+}
+
+/// What a Rust integer type holds, in words.
+fn integer_range(ty: &str) -> Option<&'static str> {
+    Some(match ty {
+        "u8" => "an integer from 0 to 255",
+        "u16" => "an integer from 0 to 65535",
+        "u32" => "an integer from 0 to 4294967295",
+        "u64" | "usize" => "an integer from 0 to 18446744073709551615",
+        "i8" => "an integer from -128 to 127",
+        "i16" => "an integer from -32768 to 32767",
+        "i32" => "an integer from -2147483648 to 2147483647",
+        "i64" | "isize" => "an integer from -9223372036854775808 to 9223372036854775807",
+        _ => return None,
+    })
+}
+
 fn unknown_field_name(msg: &str) -> Option<String> {
     let rest = msg.strip_prefix("unknown field `")?;
     Some(rest.split('`').next()?.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_json;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Options {
+        flag: bool,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Request {
+        count: Option<u32>,
+        seed: Option<i64>,
+        scale: Option<f32>,
+        names: Option<Vec<String>>,
+        options: Option<Options>,
+    }
+
+    /// The error's message for `body`, which must fail to parse.
+    fn message(body: &str) -> String {
+        parse_json::<Request>(body.as_bytes())
+            .expect_err(body)
+            .message
+    }
+
+    #[test]
+    fn type_errors_are_told_in_json_terms() {
+        let cases = [
+            (r#"{"count": -1}"#, "invalid `count`: invalid value: integer `-1`, expected an integer from 0 to 4294967295"),
+            (r#"{"count": 4294967296}"#, "invalid `count`: invalid value: integer `4294967296`, expected an integer from 0 to 4294967295"),
+            (r#"{"count": 1.5}"#, "invalid `count`: invalid type: number `1.5`, expected an integer from 0 to 4294967295"),
+            (r#"{"seed": "x"}"#, "invalid `seed`: invalid type: string \"x\", expected an integer from -9223372036854775808 to 9223372036854775807"),
+            (r#"{"scale": []}"#, "invalid `scale`: invalid type: array, expected a number"),
+            (r#"{"names": {}}"#, "invalid `names`: invalid type: object, expected an array"),
+            (r#"{"options": 3}"#, "invalid `options`: invalid type: integer `3`, expected an object"),
+            (r#"{"options": []}"#, "invalid `options`: invalid type: array, expected an object"),
+        ];
+        for (body, want) in cases {
+            assert_eq!(message(body), want, "{body}");
+        }
+    }
 }

@@ -5,7 +5,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or an array of strings")]
 pub enum StopField {
     One(String),
     Many(Vec<String>),
@@ -120,7 +120,10 @@ pub struct ChatMessage {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string or an array of content parts ({\"type\": \"text\", \"text\": ...})"
+)]
 pub enum MessageContent {
     Text(String),
     Parts(Vec<ContentPart>),
@@ -170,7 +173,10 @@ pub struct FunctionDef {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}"
+)]
 pub enum ToolChoice {
     Mode(String),
     Named(NamedToolChoice),
@@ -238,7 +244,10 @@ pub struct CompletionRequest {
 
 /// A prompt as text or token ids (a batch of one is accepted in list form).
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string, an array of strings, an array of token ids or an array of token-id arrays"
+)]
 pub enum PromptField {
     Text(String),
     Tokens(Vec<u32>),

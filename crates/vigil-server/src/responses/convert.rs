@@ -357,7 +357,10 @@ pub fn chat_request(
     if let Some(format) = req.text.as_ref().and_then(|t| t.format.as_ref()) {
         chat["response_format"] = response_format(format)?;
     }
-    serde_json::from_value(chat).map_err(|e| bad("input", format!("invalid request: {e}")))
+    serde_json::from_value(chat).map_err(|e| {
+        let e = crate::extract::json_terms(&e.to_string());
+        bad("input", format!("invalid request: {e}"))
+    })
 }
 
 /// An error of the chat path, naming the Responses field the chat field came from.

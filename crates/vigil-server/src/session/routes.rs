@@ -237,7 +237,10 @@ pub async fn delete(State(state): State<SharedState>, Path(id): Path<String>) ->
 }
 
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string or a non-empty array of strings"
+)]
 pub enum PushData {
     One(String),
     Many(Vec<String>),
