@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import socket
+import re
 import time
 import uuid
 from typing import Iterator, Optional
@@ -276,7 +277,8 @@ def test_ws_async_client(qwen):
 
 
 BAD_MESSAGES = ["not json", json.dumps([1, 2]), json.dumps({"type": "frobnicate"}), json.dumps({"type": "push"}),
-                json.dumps({"type": "push", "data": []}), json.dumps({"type": "push", "data": 5})]
+                json.dumps({"type": "push", "data": []}), json.dumps({"type": "push", "data": 5}), "null",
+                json.dumps({"type": 5})]
 
 
 @pytest.mark.timeout(60)
@@ -294,6 +296,8 @@ def test_ws_bad_messages_are_non_fatal(qclient, qwen, janitor):
             err = msg["data"]
             assert isinstance(err["message"], str) and err["message"], msg
             assert err["code"] == 400, msg
+            # JSON's words, not serde's names for Rust types.
+            assert not re.search(r"tagged enum|untagged|variant identifier|struct |sequence|\bmap\b", err["message"]), msg
         conn.send(json.dumps({"type": "ping"}))
         assert recv()["type"] == "pong"
         updates = []

@@ -81,12 +81,22 @@ pub(crate) fn json_terms(msg: &str) -> String {
         .replace("invalid value: floating point", "invalid value: number")
         .replace("expected a sequence", "expected an array")
         .replace("expected a map", "expected an object");
-    if let Some(i) = out.find("expected struct ") {
-        let name_end = out[i + "expected struct ".len()..]
-            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .map_or(out.len(), |n| i + "expected struct ".len() + n);
-        out.replace_range(i..name_end, "expected an object");
+    for (rust, json) in [
+        ("expected struct ", "expected an object"),
+        ("expected internally tagged enum ", "expected an object"),
+        ("expected adjacently tagged enum ", "expected an object"),
+        ("expected enum ", "expected a string or an object"),
+    ] {
+        if let Some(i) = out.find(rust) {
+            let name_end = out[i + rust.len()..]
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .map_or(out.len(), |n| i + rust.len() + n);
+            out.replace_range(i..name_end, json);
+        }
     }
+    out = out
+        .replace("expected variant identifier", "expected a string")
+        .replace("expected field identifier", "expected a string");
     if let Some((head, ty)) = out.rsplit_once(", expected ") {
         if let Some(range) = integer_range(ty) {
             out = format!("{head}, expected {range}");
@@ -130,6 +140,14 @@ mod tests {
     }
 
     #[derive(Debug, Deserialize)]
+    #[serde(tag = "type", rename_all = "snake_case")]
+    #[allow(dead_code)]
+    enum Message {
+        Ping,
+        Push { data: String },
+    }
+
+    #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
     #[allow(dead_code)]
     struct Request {
@@ -138,6 +156,7 @@ mod tests {
         scale: Option<f32>,
         names: Option<Vec<String>>,
         options: Option<Options>,
+        message: Option<Message>,
     }
 
     /// The error's message for `body`, which must fail to parse.
@@ -158,6 +177,8 @@ mod tests {
             (r#"{"names": {}}"#, "invalid `names`: invalid type: object, expected an array"),
             (r#"{"options": 3}"#, "invalid `options`: invalid type: integer `3`, expected an object"),
             (r#"{"options": []}"#, "invalid `options`: invalid type: array, expected an object"),
+            (r#"{"message": 1}"#, "invalid `message`: invalid type: integer `1`, expected an object"),
+            (r#"{"message": {"type": 5}}"#, "invalid `message.type`: invalid type: integer `5`, expected a string"),
         ];
         for (body, want) in cases {
             assert_eq!(message(body), want, "{body}");
