@@ -42,7 +42,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         if inner.is_syntax() || inner.is_eof() {
             return ApiError::bad_request(format!("invalid JSON in the request body: {inner}"));
         }
-        let msg = json_terms(&strip_position(&inner.to_string()));
+        let msg = describe(&inner);
         let param = if path == "." {
             unknown_field_name(&msg).unwrap_or_default()
         } else {
@@ -59,8 +59,13 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     Ok(value)
 }
 
+/// A body's type error as a client reads it: no position, JSON's words (`json_terms`).
+pub(crate) fn describe(err: &serde_json::Error) -> String {
+    json_terms(&strip_position(&err.to_string()))
+}
+
 /// serde_json appends " at line L column C", which means nothing to an HTTP client.
-pub(crate) fn strip_position(msg: &str) -> String {
+fn strip_position(msg: &str) -> String {
     match msg.rfind(" at line ") {
         Some(i) => msg[..i].to_string(),
         None => msg.to_string(),
@@ -69,7 +74,7 @@ pub(crate) fn strip_position(msg: &str) -> String {
 
 /// serde's words for a type in JSON's: a client sent an array or an object, not a `sequence`
 /// or a `map`, and Rust's names (`struct ChatMessage`, `u32`) mean nothing to it.
-pub(crate) fn json_terms(msg: &str) -> String {
+fn json_terms(msg: &str) -> String {
     // serde reads a struct from an array too; when the array is too short, it says so.
     if msg.starts_with("invalid length ") && msg.contains(", expected struct ") {
         return "invalid type: array, expected an object".to_string();

@@ -358,8 +358,10 @@ pub fn chat_request(
         chat["response_format"] = response_format(format)?;
     }
     serde_json::from_value(chat).map_err(|e| {
-        let e = crate::extract::json_terms(&e.to_string());
-        bad("input", format!("invalid request: {e}"))
+        bad(
+            "input",
+            format!("invalid request: {}", crate::extract::describe(&e)),
+        )
     })
 }
 

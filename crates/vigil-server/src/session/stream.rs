@@ -289,7 +289,7 @@ async fn handle_text(state: &SharedState, session: &Arc<Session>, text: &str) ->
     let msg: ClientMessage = match serde_json::from_str(text) {
         Ok(m) => m,
         Err(e) => {
-            let e = crate::extract::json_terms(&crate::extract::strip_position(&e.to_string()));
+            let e = crate::extract::describe(&e);
             let err = ApiError::bad_request(format!(
                 "unrecognised message ({e}); expected {{\"type\": \"push\", \"data\": ...}}, {{\"type\": \"ping\"}} or {{\"type\": \"close\"}}"
             ));
