@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -253,6 +254,13 @@ def qwen128() -> Iterator[VigilServer]:
 
 
 API_KEY = "sk-vigil-test-key"
+
+# serde's and Rust's words that a client-facing error must not contain: type errors are told in
+# JSON's terms (an object, an array, a number, an integer from 0 to 4294967295).
+RUST_WORDS = re.compile(
+    r"tagged enum|untagged|variant identifier|field identifier|struct |sequence|floating point"
+    r"|\bmap\b|\b[ui](8|16|32|64|size)\b|\bf(32|64)\b"
+)
 
 
 @pytest.fixture(scope="session")

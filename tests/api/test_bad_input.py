@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from conftest import API_KEY
+from conftest import API_KEY, RUST_WORDS
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -368,8 +368,6 @@ def test_session_header_is_404(smol, path):
 
 
 # ── Type errors told in JSON's terms, not Rust's ─────────────────────────────────────────
-
-RUST_WORDS = re.compile(r"untagged|struct |sequence|floating point|\bmap\b|\b[ui](8|16|32|64|size)\b|\bf(32|64)\b")
 
 TYPE_CASES = [
     ("stop", CHAT, body_for(CHAT, stop=-1), "expected a string or an array of strings"),
